@@ -1,0 +1,20 @@
+# The two commands of the README: `make up` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+.PHONY: up test bench
+up: $(STAMP)
+	$(BIN)/ecstore cluster up --data .ecstore
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.run
