@@ -1,0 +1,1 @@
+"""The admin CLI `ecstore`: argument parsing and presentation only."""

@@ -1,0 +1,236 @@
+"""A local cluster: every node a process on 127.0.0.1, described by DIR/cluster.json.
+
+Used by `ecstore cluster up/down` and by the cluster tests (kill, restart, wipe a node).
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from placement.cluster_map import ClusterMap
+from placement.nodes import Node
+from store.auth import sign_headers
+
+HEALTH_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    try:  # a zombie child is dead for our purposes
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        return True
+
+
+@dataclass
+class NodeSpec:
+    id: str
+    role: str          # "storage" or "control"
+    port: int
+    data: str
+    zone: str = ""
+    tier: str = "hot"
+    pid: int | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "role": self.role, "url": self.url, "port": self.port,
+                "data": self.data, "zone": self.zone or self.id, "tier": self.tier,
+                "pid": self.pid}
+
+
+class LocalCluster:
+    def __init__(self, data_dir: Path, secret: str, nodes: list[NodeSpec],
+                 k: int, m: int, fsync: bool = True) -> None:
+        self.dir = data_dir.resolve()
+        self.secret = secret
+        self.nodes = {n.id: n for n in nodes}
+        self.k, self.m, self.fsync = k, m, fsync
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    @property
+    def path(self) -> Path:
+        return self.dir / "cluster.json"
+
+    @staticmethod
+    def create(data_dir: Path, storage: int = 6, control: int = 3, k: int = 4, m: int = 2,
+               fsync: bool = True) -> "LocalCluster":
+        if storage < k + m:
+            raise ValueError(f"policy {k}+{m} needs at least {k + m} storage nodes, "
+                             f"got {storage}")
+        if control < 1:
+            raise ValueError("at least one control node is needed")
+        data_dir = data_dir.resolve()
+        specs = [NodeSpec(f"c{i}", "control", free_port(), str(data_dir / f"c{i}"))
+                 for i in range(1, control + 1)]
+        specs += [NodeSpec(f"s{i}", "storage", free_port(), str(data_dir / f"s{i}"))
+                  for i in range(1, storage + 1)]
+        return LocalCluster(data_dir, secrets.token_hex(24), specs, k, m, fsync)
+
+    @staticmethod
+    def load(data_dir: Path) -> "LocalCluster":
+        data = json.loads((data_dir / "cluster.json").read_text())
+        nodes = [NodeSpec(n["id"], n["role"], n["port"], n["data"], n.get("zone", ""),
+                          n.get("tier", "hot"), n.get("pid")) for n in data["nodes"]]
+        return LocalCluster(data_dir, data["secret"], nodes, data["k"], data["m"],
+                            data.get("fsync", True))
+
+    def running(self) -> list[str]:
+        return [n.id for n in self.nodes.values() if pid_alive(n.pid)]
+
+    def write(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        data = {
+            "secret": self.secret,
+            "control": [n.url for n in self.nodes.values() if n.role == "control"],
+            "gateway": None,
+            "k": self.k, "m": self.m, "fsync": self.fsync,
+            "nodes": [n.to_json() for n in self.nodes.values()],
+        }
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, self.path)
+
+    # ---- processes ----------------------------------------------------------------------
+    def start_node(self, node_id: str) -> None:
+        n = self.nodes[node_id]
+        Path(n.data).mkdir(parents=True, exist_ok=True)
+        logs = self.dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", f"node.{n.role}", "--id", n.id, "--data", n.data,
+               "--port", str(n.port)] + ([] if self.fsync else ["--no-fsync"])
+        env = {**os.environ, "ECSTORE_SECRET": self.secret}
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+        with open(logs / f"{n.id}.log", "ab") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        self.procs[node_id] = proc
+        n.pid = proc.pid
+
+    def wait_healthy(self, node_ids: list[str], timeout_s: float = HEALTH_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        pending = list(node_ids)
+        while pending:
+            pending = [i for i in pending if not self._healthy(i)]
+            if not pending:
+                return
+            for i in pending:
+                proc = self.procs.get(i)
+                if proc is not None and proc.poll() is not None:
+                    raise RuntimeError(f"node {i} exited with {proc.returncode}; see "
+                                       f"{self.dir / 'logs' / (i + '.log')}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nodes not healthy after {timeout_s}s: {pending}")
+            time.sleep(0.1)
+
+    def _healthy(self, node_id: str) -> bool:
+        try:
+            with urllib.request.urlopen(self.nodes[node_id].url + "/v1/health", timeout=1) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    def stop_node(self, node_id: str, sig: int = signal.SIGTERM) -> None:
+        n = self.nodes[node_id]
+        if not pid_alive(n.pid):
+            return
+        assert n.pid is not None
+        try:
+            os.kill(n.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while pid_alive(n.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if pid_alive(n.pid):
+            os.kill(n.pid, signal.SIGKILL)
+            while pid_alive(n.pid) and time.monotonic() < deadline + 5:
+                time.sleep(0.05)
+
+    def kill_node(self, node_id: str) -> None:
+        self.stop_node(node_id, signal.SIGKILL)
+
+    def start(self) -> None:
+        """Start every node not already running, wait for health, install the map."""
+        ids = [i for i in self.nodes if not pid_alive(self.nodes[i].pid)]
+        for i in ids:
+            self.start_node(i)
+        self.write()
+        self.wait_healthy(list(self.nodes))
+        self.install_map()
+        self.write()
+
+    def stop(self) -> None:
+        for i in self.nodes:
+            n = self.nodes[i]
+            if pid_alive(n.pid):
+                assert n.pid is not None
+                os.kill(n.pid, signal.SIGTERM)
+        for i in self.nodes:
+            self.stop_node(i)
+            self.nodes[i].pid = None
+        if self.path.exists():
+            self.write()
+
+    # ---- the cluster map --------------------------------------------------------------
+    def initial_map(self) -> ClusterMap:
+        def node(n: NodeSpec) -> Node:
+            return Node(id=n.id, address=n.url, zone=n.zone or n.id, tier=n.tier)
+        storage = [node(n) for n in self.nodes.values() if n.role == "storage"]
+        control = [node(n) for n in self.nodes.values() if n.role == "control"]
+        return ClusterMap.initial(storage, control, k=self.k, m=self.m)
+
+    def install_map(self) -> None:
+        """Give every control node the map, unless one already holds one (a restart)."""
+        controls = [n for n in self.nodes.values() if n.role == "control"]
+        held = [self._get_map(n) for n in controls]
+        known = [m for m in held if m is not None]
+        data = max(known, key=lambda b: ClusterMap.from_bytes(b).epoch) if known \
+            else self.initial_map().to_bytes()
+        for n, h in zip(controls, held):
+            if h != data:
+                self._signed("PUT", n.url, "/v1/map", data)
+
+    def _get_map(self, n: NodeSpec) -> bytes | None:
+        try:
+            return self._signed("GET", n.url, "/v1/map", b"")
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
+
+    def _signed(self, method: str, url: str, path: str, body: bytes) -> bytes:
+        import hashlib
+        headers = sign_headers(self.secret, method, path, hashlib.sha256(body).hexdigest())
+        req = urllib.request.Request(url + path, data=body or None, method=method,
+                                     headers=headers)
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return bytes(r.read())

@@ -1,0 +1,355 @@
+"""`ecstore`: the admin and user CLI. Parsing and presentation only."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+from rich.table import Table
+
+from store.client import Client, ObjectInfo
+from store.cluster import ClusterInfo
+from store.errors import BadRequest, EcstoreError
+
+PROGRESS_MIN_BYTES = 8 * 1024 * 1024
+READ_CHUNK_BYTES = 1024 * 1024
+out = Console()
+err = Console(stderr=True)
+
+
+def split_path(path: str, need_key: bool = True) -> tuple[str, str]:
+    bucket, _, key = path.partition("/")
+    if not bucket or (need_key and not key):
+        raise BadRequest(f"expected BUCKET/KEY, got {path!r}")
+    return bucket, key
+
+
+# ---- cluster up/down ---------------------------------------------------------------------
+def cmd_cluster_up(a: argparse.Namespace) -> int:
+    from cli.localcluster import LocalCluster
+
+    data = Path(a.data)
+    if (data / "cluster.json").exists():
+        cluster = LocalCluster.load(data)
+        if cluster.running():
+            raise BadRequest(f"a cluster is already running from {data} "
+                             f"(nodes {', '.join(cluster.running())}); "
+                             "`ecstore cluster down --data DIR` first")
+        err.print(f"restarting the cluster in {data}")
+    else:
+        try:
+            cluster = LocalCluster.create(data, a.storage, a.control, a.k, a.m,
+                                          fsync=not a.no_fsync)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+    try:
+        cluster.start()
+    except (RuntimeError, OSError) as exc:
+        cluster.stop()
+        raise EcstoreError(f"cluster did not start: {exc}") from None
+    n_storage = sum(1 for n in cluster.nodes.values() if n.role == "storage")
+    err.print(f"cluster up: {len(cluster.nodes) - n_storage} control, {n_storage} storage "
+              f"nodes, policy {cluster.k}+{cluster.m}; cluster file {cluster.path}")
+    if a.detach:
+        return 0
+    err.print("running in the foreground; Ctrl-C stops every node")
+    stop = False
+
+    def on_signal(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    while not stop:
+        time.sleep(0.2)
+    err.print("stopping nodes")
+    cluster.stop()
+    return 0
+
+
+def cmd_cluster_down(a: argparse.Namespace) -> int:
+    from cli.localcluster import LocalCluster
+
+    data = Path(a.data)
+    if not (data / "cluster.json").exists():
+        raise BadRequest(f"no cluster.json in {data}")
+    cluster = LocalCluster.load(data)
+    running = cluster.running()
+    cluster.stop()
+    err.print(f"stopped {len(running)} nodes")
+    return 0
+
+
+# ---- commands that talk to the cluster ---------------------------------------------------
+def with_client(fn: Callable[[Client, argparse.Namespace], Awaitable[int]]
+                ) -> Callable[[argparse.Namespace], int]:
+    def run(a: argparse.Namespace) -> int:
+        async def go() -> int:
+            async with Client(ClusterInfo.load(a.cluster)) as c:
+                return await fn(c, a)
+        return asyncio.run(go())
+    return run
+
+
+async def cmd_status(c: Client, a: argparse.Namespace) -> int:
+    rows = await c.node_status()
+    cmap = await c.cluster_map()
+    if a.json:
+        print(json.dumps({"epoch": cmap.epoch, "nodes": rows}, indent=2))
+        return 0
+    t = Table(title=f"ecstore cluster, map epoch {cmap.epoch}")
+    for col in ("node", "role", "zone", "tier", "state", "fragments", "bytes", "disk free", "epoch"):
+        t.add_column(col, justify="right" if col in ("fragments", "bytes", "disk free") else "left")
+    for r in rows:
+        t.add_row(r["id"], r["role"], r["zone"], r["tier"],
+                  "[green]up[/]" if r["up"] else "[red]down[/]",
+                  str(r.get("fragments", "")) if r["role"] == "storage" else "",
+                  human(r.get("bytes", r.get("db_bytes"))), human(r.get("disk_free_bytes")),
+                  str(r.get("epoch", "")))
+    out.print(t)
+    return 0 if all(r["up"] for r in rows) else 3
+
+
+def human(n: int | None) -> str:
+    if n is None:
+        return ""
+    f = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if f < 1024 or unit == "TiB":
+            return f"{f:.0f} {unit}" if unit == "B" else f"{f:.1f} {unit}"
+        f /= 1024
+    return str(n)
+
+
+async def cmd_mb(c: Client, a: argparse.Namespace) -> int:
+    await c.create_bucket(a.bucket)
+    err.print(f"created bucket {a.bucket}")
+    return 0
+
+
+async def cmd_rb(c: Client, a: argparse.Namespace) -> int:
+    await c.delete_bucket(a.bucket)
+    err.print(f"deleted bucket {a.bucket}")
+    return 0
+
+
+async def _file_chunks(f: Any, progress: Progress | None, task: Any) -> AsyncIterator[bytes]:
+    loop = asyncio.get_running_loop()
+    while True:
+        chunk = await loop.run_in_executor(None, f.read, READ_CHUNK_BYTES)
+        if not chunk:
+            return
+        if progress is not None:
+            progress.advance(task, len(chunk))
+        yield chunk
+
+
+def _progress() -> Progress:
+    return Progress("{task.description}", BarColumn(), DownloadColumn(),
+                    TransferSpeedColumn(), console=err, transient=True)
+
+
+async def cmd_put(c: Client, a: argparse.Namespace) -> int:
+    bucket, key = split_path(a.path)
+    if a.file == "-":
+        info = await c.put(bucket, key, _file_chunks(sys.stdin.buffer, None, None),
+                           content_type=a.content_type)
+    else:
+        try:
+            f = open(a.file, "rb")
+        except OSError as exc:
+            raise BadRequest(f"cannot read {a.file}: {exc.strerror}") from None
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            show = size >= PROGRESS_MIN_BYTES and err.is_terminal
+            progress = _progress() if show else None
+            if progress is not None:
+                with progress:
+                    task = progress.add_task(f"put {key}", total=size)
+                    info = await c.put(bucket, key, _file_chunks(f, progress, task),
+                                       content_type=a.content_type)
+            else:
+                info = await c.put(bucket, key, _file_chunks(f, None, None),
+                                   content_type=a.content_type)
+    err.print(f"put {bucket}/{key}: {info.size} bytes, version {info.version_id}")
+    return 0
+
+
+async def cmd_get(c: Client, a: argparse.Namespace) -> int:
+    bucket, key = split_path(a.path)
+    start, end = parse_range(a.range) if a.range else (None, None)
+    if a.file == "-":
+        async for part in c.get_stream(bucket, key, start, end):
+            sys.stdout.buffer.write(part)
+        sys.stdout.buffer.flush()
+        return 0
+    info = await c.head(bucket, key)
+    tmp = Path(a.file + ".ecstore-partial")
+    progress = _progress() if info.size >= PROGRESS_MIN_BYTES and err.is_terminal else None
+    with open(tmp, "wb") as f:
+        if progress is not None:
+            progress.start()
+            task = progress.add_task(f"get {key}", total=info.size)
+        try:
+            async for part in c.get_stream(bucket, key, start, end):
+                f.write(part)
+                if progress is not None:
+                    progress.advance(task, len(part))
+        finally:
+            if progress is not None:
+                progress.stop()
+    os.replace(tmp, a.file)
+    return 0
+
+
+def parse_range(text: str) -> tuple[int | None, int | None]:
+    """'A-B', 'A-' or '-N' (last N bytes), inclusive like HTTP."""
+    lo, sep, hi = text.partition("-")
+    try:
+        if not sep:
+            raise ValueError
+        return (int(lo) if lo else None), (int(hi) if hi else None)
+    except ValueError:
+        raise BadRequest(f"range must look like A-B, A- or -N, got {text!r}") from None
+
+
+async def cmd_head(c: Client, a: argparse.Namespace) -> int:
+    bucket, key = split_path(a.path)
+    info = await c.head(bucket, key)
+    d = info_dict(info)
+    if a.json:
+        print(json.dumps(d, indent=2))
+    else:
+        for k, v in d.items():
+            out.print(f"{k:>14}: {v}")
+    return 0
+
+
+def info_dict(info: ObjectInfo) -> dict[str, Any]:
+    return {"bucket": info.bucket, "key": info.key, "size": info.size,
+            "version_id": info.version_id,
+            "modified": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(info.ts / 1e9)),
+            "content_type": info.content_type, "policy": info.policy or "inline",
+            "inline": info.inline, "meta": info.meta}
+
+
+async def cmd_ls(c: Client, a: argparse.Namespace) -> int:
+    if not a.path:
+        buckets = await c.list_buckets()
+        if a.json:
+            print(json.dumps({"buckets": buckets}))
+        else:
+            for b in buckets:
+                out.print(b)
+        return 0
+    bucket, _, prefix = a.path.partition("/")
+    delimiter = "" if a.recursive else "/"
+    objects, prefixes, count = [], [], 0
+    async for page in c.list_all(bucket, prefix, delimiter):
+        for p in page.common_prefixes:
+            prefixes.append(p)
+        for o in page.objects:
+            objects.append(o)
+        count += len(page.objects) + len(page.common_prefixes)
+        if a.max_keys and count >= a.max_keys:
+            break
+    if a.json:
+        print(json.dumps({"prefixes": prefixes, "objects": [
+            {"key": o.key, "size": o.size, "version_id": o.version_id, "ts": o.ts}
+            for o in objects]}, indent=2))
+        return 0
+    for p in prefixes:
+        out.print(f"{'PRE':>12}  {p}", highlight=False)
+    for o in objects:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(o.ts / 1e9))
+        out.print(f"{o.size:>12}  {when}  {o.key}", highlight=False)
+    return 0
+
+
+async def cmd_rm(c: Client, a: argparse.Namespace) -> int:
+    bucket, key = split_path(a.path)
+    await c.delete(bucket, key)
+    err.print(f"deleted {bucket}/{key}")
+    return 0
+
+
+# ---- parser ---------------------------------------------------------------------------
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ecstore", description="erasure-coded object store")
+    p.add_argument("--cluster", help="cluster.json (default $ECSTORE_CLUSTER, "
+                   "else ./.ecstore/cluster.json)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    cl = sub.add_parser("cluster", help="start and stop a local cluster")
+    clsub = cl.add_subparsers(dest="cluster_command", required=True)
+    up = clsub.add_parser("up", help="start a local cluster on 127.0.0.1")
+    up.add_argument("--data", default=".ecstore", help="data directory (default .ecstore)")
+    up.add_argument("--storage", type=int, default=6, help="storage nodes (default 6)")
+    up.add_argument("--control", type=int, default=3, help="control nodes (default 3)")
+    up.add_argument("--k", type=int, default=4, help="data fragments per segment (default 4)")
+    up.add_argument("--m", type=int, default=2, help="parity fragments (default 2)")
+    up.add_argument("--detach", action="store_true", help="return once all nodes are healthy")
+    up.add_argument("--no-fsync", action="store_true", help="skip fsync (faster, unsafe)")
+    up.set_defaults(func=cmd_cluster_up)
+    down = clsub.add_parser("down", help="stop a detached local cluster")
+    down.add_argument("--data", default=".ecstore")
+    down.set_defaults(func=cmd_cluster_down)
+
+    st = sub.add_parser("status", help="every node: up or down, fragments, bytes, epoch")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=with_client(cmd_status))
+    for name, fn, helptext in (("mb", cmd_mb, "make a bucket"), ("rb", cmd_rb, "remove an empty bucket")):
+        sp = sub.add_parser(name, help=helptext)
+        sp.add_argument("bucket")
+        sp.set_defaults(func=with_client(fn))
+    put = sub.add_parser("put", help="store FILE (or stdin) as BUCKET/KEY")
+    put.add_argument("path", metavar="BUCKET/KEY")
+    put.add_argument("file", nargs="?", default="-", help="file to upload, - for stdin")
+    put.add_argument("--content-type", default="application/octet-stream")
+    put.set_defaults(func=with_client(cmd_put))
+    get = sub.add_parser("get", help="write BUCKET/KEY to FILE (or stdout)")
+    get.add_argument("path", metavar="BUCKET/KEY")
+    get.add_argument("file", nargs="?", default="-", help="output file, - for stdout")
+    get.add_argument("--range", help="bytes A-B, A- or -N (inclusive)")
+    get.set_defaults(func=with_client(cmd_get))
+    head = sub.add_parser("head", help="show an object's size, version and metadata")
+    head.add_argument("path", metavar="BUCKET/KEY")
+    head.add_argument("--json", action="store_true")
+    head.set_defaults(func=with_client(cmd_head))
+    ls = sub.add_parser("ls", help="list buckets, or keys under BUCKET[/PREFIX]")
+    ls.add_argument("path", nargs="?", metavar="BUCKET[/PREFIX]")
+    ls.add_argument("-r", "--recursive", action="store_true", help="no '/' grouping")
+    ls.add_argument("--max-keys", type=int, default=0)
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=with_client(cmd_ls))
+    rm = sub.add_parser("rm", help="delete BUCKET/KEY")
+    rm.add_argument("path", metavar="BUCKET/KEY")
+    rm.set_defaults(func=with_client(cmd_rm))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    try:
+        return int(a.func(a))
+    except EcstoreError as exc:
+        err.print(f"[red]error:[/] {exc.message}", highlight=False)
+        return 2 if exc.status < 500 else 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""Control node: metadata records, buckets and the cluster map over HTTP (msgpack bodies).
+
+Routes (all signed except /v1/health), see docs/PROTOCOL.md.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from node.metadb import MetaDB, bucket_key, object_key
+from node.server import make_base_app, run, secret_from_env, verified_body
+from placement.cluster_map import ClusterMap
+from store.errors import BadRequest, Conflict, NotFound
+from store.names import check_bucket_name, check_key
+from store.wire import pack, unpack
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_SCAN_LIMIT = 10_000
+REQUIRED_FIELDS = {"ts": int, "version_id": str, "deleted": bool}
+
+
+@dataclass(frozen=True)
+class ControlConfig:
+    node_id: str
+    data_dir: Path
+    secret: str
+    host: str = "127.0.0.1"
+    port: int = 0
+    fsync: bool = True
+
+
+DB = web.AppKey("db", MetaDB)
+CONFIG = web.AppKey("config", ControlConfig)
+
+
+def msgpack_response(value: Any, status: int = 200) -> web.Response:
+    return web.Response(body=pack(value), status=status, content_type="application/msgpack")
+
+
+async def read_record(request: web.Request) -> dict[str, Any]:
+    record = unpack(await verified_body(request), MAX_BODY_BYTES)
+    if not isinstance(record, dict):
+        raise BadRequest("record must be a map")
+    for field, typ in REQUIRED_FIELDS.items():
+        if not isinstance(record.get(field), typ):
+            raise BadRequest(f"record field {field!r} missing or not {typ.__name__}")
+    return record
+
+
+def _names(request: web.Request) -> tuple[str, str]:
+    return (check_bucket_name(request.match_info["bucket"]),
+            check_key(request.match_info["key"]))
+
+
+async def put_object(request: web.Request) -> web.Response:
+    bucket, key = _names(request)
+    record = await read_record(request)
+    applied, current = request.app[DB].put_newest(object_key(bucket, key), record)
+    return msgpack_response({"applied": applied, "ts": current["ts"],
+                             "version_id": current["version_id"]})
+
+
+async def get_object(request: web.Request) -> web.Response:
+    bucket, key = _names(request)
+    record = request.app[DB].get(object_key(bucket, key))
+    if record is None:
+        raise NotFound(f"no record for {bucket}/{key}")
+    return msgpack_response(record)
+
+
+async def purge_object(request: web.Request) -> web.Response:
+    """Drop a tombstone (garbage collection); refuses to drop a live record."""
+    bucket, key = _names(request)
+    k = object_key(bucket, key)
+    record = request.app[DB].get(k)
+    if record is None:
+        raise NotFound(f"no record for {bucket}/{key}")
+    if not record.get("deleted"):
+        raise Conflict("only tombstones can be purged")
+    request.app[DB].delete(k)
+    return web.Response(status=204)
+
+
+def _query_int(request: web.Request, name: str, default: int, maximum: int) -> int:
+    try:
+        value = int(request.query.get(name, default))
+    except ValueError:
+        raise BadRequest(f"{name} must be an integer") from None
+    if not 1 <= value <= maximum:
+        raise BadRequest(f"{name} must be between 1 and {maximum}")
+    return value
+
+
+LISTED_FIELDS = ("ts", "version_id", "deleted", "size", "etag", "content_type")
+
+
+async def list_objects(request: web.Request) -> web.Response:
+    """Sorted page of records (tombstones included: the client merge drops them)."""
+    bucket = check_bucket_name(request.match_info["bucket"])
+    prefix = request.query.get("prefix", "")
+    after = request.query.get("after", "")
+    limit = _query_int(request, "limit", 1000, MAX_SCAN_LIMIT)
+    base = object_key(bucket, "")
+    rows, truncated = request.app[DB].scan(base + prefix.encode(),
+                                           base + after.encode() if after else b"", limit)
+    records = [{"key": k[len(base):].decode(), **{f: r.get(f) for f in LISTED_FIELDS}}
+               for k, r in rows]
+    return msgpack_response({"records": records, "truncated": truncated})
+
+
+async def put_bucket(request: web.Request) -> web.Response:
+    bucket = check_bucket_name(request.match_info["bucket"])
+    record = await read_record(request)
+    applied, current = request.app[DB].put_newest(bucket_key(bucket), record)
+    return msgpack_response({"applied": applied, "ts": current["ts"],
+                             "version_id": current["version_id"]})
+
+
+async def get_bucket(request: web.Request) -> web.Response:
+    bucket = check_bucket_name(request.match_info["bucket"])
+    record = request.app[DB].get(bucket_key(bucket))
+    if record is None:
+        raise NotFound(f"no record for bucket {bucket}")
+    return msgpack_response(record)
+
+
+async def list_buckets(request: web.Request) -> web.Response:
+    rows, _ = request.app[DB].scan(b"b", b"", MAX_SCAN_LIMIT)
+    return msgpack_response({"buckets": [{"name": k[1:].decode(), **r} for k, r in rows]})
+
+
+async def get_map(request: web.Request) -> web.Response:
+    data = request.app[DB].get_map()
+    if data is None:
+        raise NotFound("this control node holds no cluster map yet")
+    return web.Response(body=data, content_type="application/msgpack")
+
+
+async def put_map(request: web.Request) -> web.Response:
+    """Accept a cluster map only if its epoch is newer than the one held."""
+    data = await verified_body(request)
+    try:
+        new = ClusterMap.from_bytes(data)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BadRequest(f"invalid cluster map: {exc}") from None
+    db = request.app[DB]
+    held = db.get_map()
+    if held is not None:
+        old = ClusterMap.from_bytes(held)
+        if new.epoch < old.epoch or (new.epoch == old.epoch and data != held):
+            raise Conflict(f"map epoch {new.epoch} is not newer than {old.epoch}",
+                           epoch=old.epoch)
+    db.put_map(data)
+    return msgpack_response({"epoch": new.epoch})
+
+
+async def status(request: web.Request) -> web.Response:
+    db, cfg = request.app[DB], request.app[CONFIG]
+    held = db.get_map()
+    epoch = ClusterMap.from_bytes(held).epoch if held else 0
+    return web.json_response({"node_id": cfg.node_id, "role": "control", "epoch": epoch,
+                              "db_bytes": _dir_bytes(cfg.data_dir)})
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"node_id": request.app[CONFIG].node_id, "role": "control",
+                              "ok": True, "time": time.time()})
+
+
+def make_app(config: ControlConfig) -> web.Application:
+    app = make_base_app(config.secret, MAX_BODY_BYTES)
+    app[CONFIG] = config
+
+    async def open_db(app: web.Application) -> AsyncIterator[None]:
+        app[DB] = MetaDB(config.data_dir / "db", config.fsync)
+        yield
+        app[DB].close()
+
+    app.cleanup_ctx.append(open_db)
+    obj = "/v1/objects/{bucket}/{key:.+}"
+    app.add_routes([
+        web.get("/v1/health", health),
+        web.get("/v1/status", status),
+        web.get("/v1/map", get_map),
+        web.put("/v1/map", put_map),
+        web.get("/v1/buckets", list_buckets),
+        web.put("/v1/buckets/{bucket}", put_bucket),
+        web.get("/v1/buckets/{bucket}", get_bucket),
+        web.get("/v1/list/{bucket}", list_objects),
+        web.put(obj, put_object),
+        web.get(obj, get_object),
+        web.delete(obj, purge_object),
+    ])
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m node.control")
+    p.add_argument("--id", required=True)
+    p.add_argument("--data", required=True, type=Path)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--no-fsync", action="store_true")
+    a = p.parse_args(argv)
+    cfg = ControlConfig(a.id, a.data, secret_from_env(), a.host, a.port, not a.no_fsync)
+    run(make_app(cfg), cfg.host, cfg.port)
+
+
+if __name__ == "__main__":
+    main()

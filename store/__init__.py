@@ -1,0 +1,7 @@
+"""The client library: encoding, striping, degraded reads, metadata quorum, listing merge.
+
+The only package that encodes or decodes. Imports placement; must not import node or cli.
+"""
+from store.client import Client, ObjectInfo, SyncClient
+
+__all__ = ["Client", "SyncClient", "ObjectInfo"]

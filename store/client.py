@@ -1,0 +1,545 @@
+"""The async Client and its synchronous wrapper.
+
+Put: cut the bytes into segments, encode each with pyeclib into k+m fragments, PUT them
+in parallel to the nodes the map names for (version_id, segment) (a handoff node takes a
+fragment whose node fails), then commit the metadata record with a write quorum.
+Get: read the record with a read quorum, fetch the k data fragments of each needed
+segment, fall back to parity on any error (degraded read), decode, slice.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import secrets
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, TypeVar
+
+from placement.cluster_map import ClusterMap
+from placement.nodes import Node
+from placement.policy import Policy
+from store import codec
+from store.auth import CHECKSUM_HEADER
+from store.cluster import ClusterInfo
+from store.errors import BadRequest, Conflict, Corrupt, EcstoreError, NotFound, Unavailable
+from store.listing import ListResult, merge_listing
+from store.metadata import MetaQuorum, effective_quorums
+from store.names import check_bucket_name, check_key
+from store.striping import fragment_id, resolve_range, segment_count, slices_for_range
+from store.transport import Transport, quote_key
+from store.wire import FRAGMENT_META_HEADER, pack, pack_header, unpack
+
+FRAGMENT_TIMEOUT_S = 30.0
+MAX_INFLIGHT_SEGMENTS = 4      # put pipeline depth: memory ~ this x segment x (k+m)/k
+READAHEAD_SEGMENTS = 2         # get stream read-ahead
+MAX_USER_META_BYTES = 2048
+BUCKET_CACHE_TTL_S = 5.0
+T = TypeVar("T")
+Source = bytes | bytearray | memoryview | str | os.PathLike[str] | BinaryIO | AsyncIterator[bytes]
+
+
+def new_version_id() -> str:
+    """Unique and time ordered: 16 hex digits of ns time, 16 random hex digits."""
+    return f"{time.time_ns():016x}{secrets.token_hex(8)}"
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    bucket: str
+    key: str
+    size: int
+    version_id: str
+    ts: int
+    content_type: str = "application/octet-stream"
+    meta: dict[str, str] = field(default_factory=dict)
+    policy: str = ""
+    inline: bool = False
+
+    @staticmethod
+    def from_record(bucket: str, key: str, r: dict[str, Any]) -> "ObjectInfo":
+        return ObjectInfo(bucket, key, r["size"], r["version_id"], r["ts"],
+                          r.get("content_type") or "application/octet-stream",
+                          dict(r.get("meta") or {}), r.get("policy", ""),
+                          r.get("inline") is not None)
+
+
+class Client:
+    """Async client. Use `async with Client.connect(path) as c:` or call `close()`."""
+
+    def __init__(self, info: ClusterInfo) -> None:
+        self.info = info
+        self.t = Transport(info.secret)
+        self.background: set[asyncio.Task[Any]] = set()
+        self.meta = MetaQuorum(self.t, self.background)
+        self._map: ClusterMap | None = None
+        self._buckets_seen: dict[str, float] = {}
+
+    @classmethod
+    def connect(cls, cluster: str | os.PathLike[str] | ClusterInfo | None = None) -> "Client":
+        return cls(cluster if isinstance(cluster, ClusterInfo) else ClusterInfo.load(cluster))
+
+    async def __aenter__(self) -> "Client":
+        await self.cluster_map()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self.background:
+            await asyncio.wait(set(self.background), timeout=2.0)
+        await self.t.close()
+
+    # ---- cluster map -------------------------------------------------------------
+    async def cluster_map(self, refresh: bool = False) -> ClusterMap:
+        """The newest map any control node holds (cached until refresh)."""
+        if self._map is not None and not refresh:
+            return self._map
+        maps = await asyncio.gather(*(self._fetch_map(url) for url in self.info.control),
+                                    return_exceptions=True)
+        good = [m for m in maps if isinstance(m, ClusterMap)]
+        if not good:
+            raise Unavailable("no control node answered with a cluster map",
+                              tried=len(maps), failed=len(maps))
+        self._map = max(good, key=lambda m: m.epoch)
+        return self._map
+
+    async def _fetch_map(self, url: str) -> ClusterMap:
+        reply = await self.t.request("GET", url, "/v1/map", timeout_s=5.0)
+        return ClusterMap.from_bytes(reply.body)
+
+    # ---- buckets -------------------------------------------------------------------
+    async def create_bucket(self, bucket: str) -> None:
+        check_bucket_name(bucket)
+        if await self._bucket_record(bucket) is not None:
+            raise Conflict(f"bucket {bucket} already exists")
+        await self._write_bucket(bucket, {"deleted": False, "created": time.time()})
+        self._buckets_seen[bucket] = time.monotonic()
+
+    async def delete_bucket(self, bucket: str) -> None:
+        await self._require_bucket(bucket, cached=False)
+        if (await self.list(bucket, max_keys=1)).objects:
+            raise Conflict(f"bucket {bucket} is not empty")
+        await self._write_bucket(bucket, {"deleted": True})
+        self._buckets_seen.pop(bucket, None)
+
+    async def list_buckets(self) -> list[str]:
+        cmap = await self.cluster_map()
+        nodes = cmap.control.nodes
+        replies = await asyncio.gather(
+            *(self.t.request("GET", n.address, "/v1/buckets", timeout_s=5.0) for n in nodes),
+            return_exceptions=True)
+        good = [unpack(r.body)["buckets"] for r in replies if not isinstance(r, BaseException)]
+        if len(good) < len(nodes) // 2 + 1:
+            raise Unavailable("too few control nodes answered the bucket listing",
+                              tried=len(nodes), failed=len(nodes) - len(good))
+        best: dict[str, dict[str, Any]] = {}
+        for rows in good:
+            for r in rows:
+                cur = best.get(r["name"])
+                if cur is None or (r["ts"], r["version_id"]) > (cur["ts"], cur["version_id"]):
+                    best[r["name"]] = r
+        return sorted(name for name, r in best.items() if not r["deleted"])
+
+    async def _write_bucket(self, bucket: str, fields: dict[str, Any]) -> None:
+        cmap = await self.cluster_map()
+        nodes = cmap.control.nodes
+        record = {"ts": time.time_ns(), "version_id": new_version_id(), **fields}
+        await self.meta.write(nodes, f"/v1/buckets/{bucket}", record, len(nodes) // 2 + 1)
+
+    async def _bucket_record(self, bucket: str) -> dict[str, Any] | None:
+        cmap = await self.cluster_map()
+        nodes = cmap.control.nodes
+        rec = await self.meta.read(nodes, f"/v1/buckets/{bucket}", len(nodes) // 2 + 1)
+        return None if rec is None or rec["deleted"] else rec
+
+    async def _require_bucket(self, bucket: str, cached: bool = True) -> None:
+        check_bucket_name(bucket)
+        seen = self._buckets_seen.get(bucket)
+        if cached and seen is not None and time.monotonic() - seen < BUCKET_CACHE_TTL_S:
+            return
+        if await self._bucket_record(bucket) is None:
+            raise NotFound(f"no such bucket: {bucket}")
+        self._buckets_seen[bucket] = time.monotonic()
+
+    # ---- put -------------------------------------------------------------------------
+    async def put(self, bucket: str, key: str, source: Source, *,
+                  content_type: str = "application/octet-stream",
+                  meta: dict[str, str] | None = None, policy: str | None = None) -> ObjectInfo:
+        """Store an object from bytes, a file path, a binary file or an async iterator.
+
+        Memory stays bounded by MAX_INFLIGHT_SEGMENTS segments whatever the size.
+        Raises NotFound (no bucket), BadRequest, Unavailable (too few nodes).
+        """
+        check_key(key)
+        meta = dict(meta or {})
+        if len(pack(meta)) > MAX_USER_META_BYTES:
+            raise BadRequest(f"user metadata larger than {MAX_USER_META_BYTES} bytes")
+        await self._require_bucket(bucket)
+        cmap = await self.cluster_map()
+        pol = cmap.policy(policy)
+        vid = new_version_id()
+        record: dict[str, Any] = {
+            "ts": time.time_ns(), "version_id": vid, "deleted": False,
+            "content_type": content_type, "meta": meta, "policy": pol.name, "k": pol.k,
+            "m": pol.m, "ec_type": pol.ec_type, "segment_size": pol.segment_size_bytes,
+            "epoch": cmap.epoch, "inline": None, "handoffs": {},
+        }
+        segments = _segments(source, pol.segment_size_bytes)
+        first = await anext(segments, b"")
+        second = await anext(segments, None) if len(first) == pol.segment_size_bytes else None
+        if second is None and len(first) <= cmap.inline_max_bytes:
+            record.update(size=len(first), inline=bytes(first), segments=0)
+        else:
+            size, count = await self._put_segments(cmap, pol, bucket, key, vid, record,
+                                                   _chain(first, second, segments))
+            record.update(size=size, segments=count)
+        record["ts"] = max(record["ts"], time.time_ns())
+        await self._commit(cmap, bucket, key, record)
+        return ObjectInfo.from_record(bucket, key, record)
+
+    async def _commit(self, cmap: ClusterMap, bucket: str, key: str,
+                      record: dict[str, Any]) -> None:
+        nodes = cmap.control_nodes_for(f"{bucket}/{key}")
+        w, _ = effective_quorums(cmap, len(nodes))
+        await self.meta.write(nodes, _meta_path(bucket, key), record, w)
+
+    async def _put_segments(self, cmap: ClusterMap, pol: Policy, bucket: str, key: str,
+                            vid: str, record: dict[str, Any],
+                            segments: AsyncIterator[bytes]) -> tuple[int, int]:
+        size = count = 0
+        inflight: set[asyncio.Task[None]] = set()
+        written: list[tuple[str, Node]] = []
+        try:
+            async for seg in segments:
+                if len(inflight) >= MAX_INFLIGHT_SEGMENTS:
+                    done, inflight = await asyncio.wait(inflight,
+                                                        return_when=asyncio.FIRST_COMPLETED)
+                    for task in done:
+                        task.result()
+                inflight.add(asyncio.ensure_future(self._put_segment(
+                    cmap, pol, bucket, key, vid, count, seg, record["handoffs"], written)))
+                size += len(seg)
+                count += 1
+            for task in asyncio.as_completed(inflight):
+                await task
+        except BaseException:
+            for task in inflight:
+                task.cancel()
+            self._spawn(self._delete_fragments(written))
+            raise
+        return size, count
+
+    async def _put_segment(self, cmap: ClusterMap, pol: Policy, bucket: str, key: str,
+                           vid: str, seg: int, data: bytes, handoffs: dict[str, str],
+                           written: list[tuple[str, Node]]) -> None:
+        frags = codec.encode(pol.k, pol.m, pol.ec_type, data)
+        ring = cmap.storage_ring(pol.tier)
+        row = ring.locate(f"{vid}/{seg}", len(ring.nodes))
+        primaries, spares = list(row[:pol.n]), list(row[pol.n:])
+
+        async def place(i: int) -> None:
+            fid = fragment_id(vid, seg, i)
+            meta = {"bucket": bucket, "key": key, "version_id": vid, "segment": seg, "index": i}
+            node: Node | None = primaries[i]
+            errors = []
+            while node is not None:
+                try:
+                    await self._put_fragment(node, fid, frags[i], meta)
+                    written.append((fid, node))
+                    if node is not primaries[i]:
+                        handoffs[f"{seg}.{i}"] = node.id
+                    return
+                except EcstoreError as exc:
+                    errors.append(f"{node.id}: {exc}")
+                    node = spares.pop(0) if spares else None
+            raise Unavailable(f"fragment {fid} could not be written to any node",
+                              tried=len(errors), failed=len(errors), errors=errors[:4])
+
+        results = await asyncio.gather(*(place(i) for i in range(pol.n)),
+                                       return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
+
+    async def _put_fragment(self, node: Node, fid: str, body: bytes,
+                            meta: dict[str, Any]) -> None:
+        checksum = hashlib.sha256(body).hexdigest()
+        await self.t.request("PUT", node.address, f"/v1/fragments/{fid}", body=body,
+                             checksum=checksum, timeout_s=FRAGMENT_TIMEOUT_S,
+                             headers={FRAGMENT_META_HEADER: pack_header(meta)})
+
+    async def _delete_fragments(self, written: list[tuple[str, Node]]) -> None:
+        """Best effort; garbage collection removes whatever this misses."""
+        async def one(fid: str, node: Node) -> None:
+            try:
+                await self.t.request("DELETE", node.address, f"/v1/fragments/{fid}",
+                                     timeout_s=5.0)
+            except EcstoreError:
+                pass
+        await asyncio.gather(*(one(f, n) for f, n in list(written)))
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    # ---- get -------------------------------------------------------------------------
+    async def head(self, bucket: str, key: str) -> ObjectInfo:
+        return ObjectInfo.from_record(bucket, key, await self._live_record(bucket, key))
+
+    async def _live_record(self, bucket: str, key: str) -> dict[str, Any]:
+        check_bucket_name(bucket)
+        check_key(key)
+        cmap = await self.cluster_map()
+        nodes = cmap.control_nodes_for(f"{bucket}/{key}")
+        _, r = effective_quorums(cmap, len(nodes))
+        record = await self.meta.read(nodes, _meta_path(bucket, key), r)
+        if record is None or record["deleted"]:
+            raise NotFound(f"no such object: {bucket}/{key}")
+        return record
+
+    async def get(self, bucket: str, key: str, start: int | None = None,
+                  end: int | None = None) -> bytes:
+        """The object's bytes, or bytes start..end inclusive (HTTP range rules)."""
+        parts = [bytes(p) async for p in self.get_stream(bucket, key, start, end)]
+        return b"".join(parts)
+
+    async def get_stream(self, bucket: str, key: str, start: int | None = None,
+                         end: int | None = None) -> AsyncIterator[bytes]:
+        """Yield the object's bytes segment by segment, reading ahead a few segments."""
+        record = await self._live_record(bucket, key)
+        lo, hi = resolve_range(record["size"], start, end)
+        if record.get("inline") is not None:
+            if hi > lo:
+                yield record["inline"][lo:hi]
+            return
+        cmap = await self.cluster_map()
+        pending: list[asyncio.Task[bytes]] = []
+        slices = iter(slices_for_range(lo, hi, record["segment_size"]))
+        try:
+            while True:
+                while len(pending) < READAHEAD_SEGMENTS:
+                    s = next(slices, None)
+                    if s is None:
+                        break
+                    pending.append(asyncio.ensure_future(
+                        self._read_slice(cmap, bucket, key, record, s.index, s.start, s.stop)))
+                if not pending:
+                    return
+                yield await pending.pop(0)
+        finally:
+            for task in pending:
+                task.cancel()
+
+    async def _read_slice(self, cmap: ClusterMap, bucket: str, key: str,
+                          record: dict[str, Any], seg: int, lo: int, hi: int) -> bytes:
+        data = await self.read_segment(cmap, record, seg)
+        return data[lo:hi]
+
+    async def read_segment(self, cmap: ClusterMap, record: dict[str, Any], seg: int) -> bytes:
+        """Decode one segment from the first k good fragments (data ones first)."""
+        k, m = record["k"], record["m"]
+        nodes = self._fragment_nodes(cmap, record, seg)
+        vid = record["version_id"]
+        good: dict[int, bytes] = {}
+        errors: list[str] = []
+
+        async def fetch(i: int) -> None:
+            try:
+                good[i] = await self._get_fragment(nodes[i], fragment_id(vid, seg, i))
+            except EcstoreError as exc:
+                errors.append(f"{nodes[i].id}/{i}: {exc.code}")
+
+        await asyncio.gather(*(fetch(i) for i in range(k)))
+        if len(good) < k:  # degraded read: ask the parity fragments
+            await asyncio.gather(*(fetch(i) for i in range(k, k + m)))
+        if len(good) < k:
+            raise Unavailable(f"segment {seg} of {vid}: only {len(good)} of {k} needed "
+                              "fragments readable", tried=k + m, failed=len(errors),
+                              errors=errors[:6])
+        chosen = [good[i] for i in sorted(good)[:k]]
+        return codec.decode(k, m, record["ec_type"], chosen)
+
+    def _fragment_nodes(self, cmap: ClusterMap, record: dict[str, Any], seg: int) -> list[Node]:
+        pol = Policy(name=record["policy"], k=record["k"], m=record["m"],
+                     ec_type=record["ec_type"], segment_size_bytes=record["segment_size"],
+                     tier=cmap.policy(record["policy"]).tier)
+        nodes = list(cmap.fragment_nodes(pol, record["version_id"], seg))
+        for idx_key, node_id in (record.get("handoffs") or {}).items():
+            s, i = idx_key.split(".")
+            if int(s) == seg:
+                nodes[int(i)] = cmap.storage_node(node_id)
+        return nodes
+
+    async def _get_fragment(self, node: Node, fid: str) -> bytes:
+        reply = await self.t.request("GET", node.address, f"/v1/fragments/{fid}",
+                                     timeout_s=FRAGMENT_TIMEOUT_S)
+        if hashlib.sha256(reply.body).hexdigest() != reply.headers.get(CHECKSUM_HEADER):
+            raise Corrupt(f"fragment {fid} from {node.id} failed its checksum in transit")
+        return reply.body
+
+    # ---- delete and list -------------------------------------------------------------
+    async def delete(self, bucket: str, key: str) -> None:
+        """Write a tombstone; NotFound if there is no live object."""
+        await self._live_record(bucket, key)
+        cmap = await self.cluster_map()
+        record = {"ts": time.time_ns(), "version_id": new_version_id(), "deleted": True}
+        await self._commit(cmap, bucket, key, record)
+
+    async def list(self, bucket: str, prefix: str = "", delimiter: str = "",
+                   start_after: str = "", max_keys: int = 1000) -> ListResult:
+        """One page of keys sorted, merged over every control node, tombstones dropped."""
+        if not 1 <= max_keys <= 10_000:
+            raise BadRequest("max_keys must be between 1 and 10000")
+        await self._require_bucket(bucket)
+        cmap = await self.cluster_map()
+        return await merge_listing(self.t, cmap.control.nodes, bucket, prefix, delimiter,
+                                   start_after, max_keys,
+                                   allowed_failures=max(0, min(cmap.replicas,
+                                                               len(cmap.control.nodes)) - 1))
+
+    async def list_all(self, bucket: str, prefix: str = "",
+                       delimiter: str = "") -> AsyncIterator[ListResult]:
+        after = ""
+        while True:
+            page = await self.list(bucket, prefix, delimiter, after)
+            yield page
+            if not page.truncated:
+                return
+            after = page.next_start_after
+
+    async def node_status(self) -> list[dict[str, Any]]:
+        """Every node of the map (and of cluster.json) with its status or 'down'."""
+        cmap = await self.cluster_map()
+        nodes = list(cmap.control.nodes) + list(cmap.all_storage_nodes())
+
+        async def one(node: Node, role: str) -> dict[str, Any]:
+            base = {"id": node.id, "role": role, "url": node.address, "zone": node.zone,
+                    "tier": node.tier}
+            try:
+                reply = await self.t.request("GET", node.address, "/v1/status", timeout_s=3.0)
+            except EcstoreError as exc:
+                return {**base, "up": False, "error": exc.message}
+            return {**base, "up": True, **json.loads(reply.body)}
+
+        roles = ["control"] * len(cmap.control.nodes) + ["storage"] * (len(nodes) - len(cmap.control.nodes))
+        return list(await asyncio.gather(*(one(n, r) for n, r in zip(nodes, roles))))
+
+
+def _meta_path(bucket: str, key: str) -> str:
+    return f"/v1/objects/{bucket}/{quote_key(key)}"
+
+
+async def _chain(first: bytes, second: bytes | None,
+                 rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    yield first
+    if second is None:
+        return
+    yield second
+    async for s in rest:
+        yield s
+
+
+async def _segments(source: Source, size: int) -> AsyncIterator[bytes]:
+    """Cut any source into segments of exactly `size` bytes (the last may be short)."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        view = memoryview(source)
+        for off in range(0, len(view), size):
+            yield bytes(view[off:off + size])
+        return
+    if isinstance(source, (str, os.PathLike)):
+        with open(source, "rb") as f:
+            async for s in _segments(f, size):
+                yield s
+        return
+    if hasattr(source, "read"):
+        loop = asyncio.get_running_loop()
+        while True:
+            block = await loop.run_in_executor(None, _read_exact, source, size)
+            if not block:
+                return
+            yield block
+            if len(block) < size:
+                return
+    buf = bytearray()
+    async for chunk in source:  # type: ignore[union-attr]
+        buf += chunk
+        while len(buf) >= size:
+            yield bytes(buf[:size])
+            del buf[:size]
+    if buf:
+        yield bytes(buf)
+
+
+def _read_exact(f: BinaryIO, size: int) -> bytes:
+    parts, got = [], 0
+    while got < size:
+        b = f.read(size - got)
+        if not b:
+            break
+        parts.append(b)
+        got += len(b)
+    return b"".join(parts)
+
+
+class SyncClient:
+    """Blocking wrapper for scripts and notebooks: runs a Client on a private loop thread."""
+
+    def __init__(self, cluster: str | os.PathLike[str] | ClusterInfo | None = None) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self.client = Client.connect(cluster)
+
+    def _run(self, coro: Awaitable[T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self._run(self.client.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+
+    def __enter__(self) -> "SyncClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def create_bucket(self, bucket: str) -> None:
+        self._run(self.client.create_bucket(bucket))
+
+    def delete_bucket(self, bucket: str) -> None:
+        self._run(self.client.delete_bucket(bucket))
+
+    def list_buckets(self) -> list[str]:
+        return self._run(self.client.list_buckets())
+
+    def put(self, bucket: str, key: str, source: Any, **kw: Any) -> ObjectInfo:
+        return self._run(self.client.put(bucket, key, source, **kw))
+
+    def get(self, bucket: str, key: str, start: int | None = None,
+            end: int | None = None) -> bytes:
+        return self._run(self.client.get(bucket, key, start, end))
+
+    def get_stream(self, bucket: str, key: str) -> Iterator[bytes]:
+        agen = self.client.get_stream(bucket, key)
+        while True:
+            try:
+                yield self._run(anext(agen))  # type: ignore[arg-type]
+            except StopAsyncIteration:
+                return
+
+    def head(self, bucket: str, key: str) -> ObjectInfo:
+        return self._run(self.client.head(bucket, key))
+
+    def delete(self, bucket: str, key: str) -> None:
+        self._run(self.client.delete(bucket, key))
+
+    def list(self, bucket: str, **kw: Any) -> ListResult:
+        return self._run(self.client.list(bucket, **kw))

@@ -1,0 +1,45 @@
+"""Finding and reading cluster.json: --cluster PATH, else $ECSTORE_CLUSTER, else ./.ecstore."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from store.errors import BadRequest
+
+DEFAULT_CLUSTER_PATH = Path(".ecstore") / "cluster.json"
+
+
+def cluster_path(explicit: str | os.PathLike[str] | None = None) -> Path:
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get("ECSTORE_CLUSTER")
+    return Path(env) if env else DEFAULT_CLUSTER_PATH
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """What a client needs to reach a cluster."""
+
+    control: tuple[str, ...]
+    secret: str
+    nodes: tuple[dict[str, Any], ...] = ()
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def load(path: str | os.PathLike[str] | None = None) -> "ClusterInfo":
+        p = cluster_path(path)
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise BadRequest(f"no cluster file at {p}: start one with `ecstore cluster up`, "
+                             "or pass --cluster PATH / set ECSTORE_CLUSTER") from None
+        except json.JSONDecodeError as exc:
+            raise BadRequest(f"cluster file {p} is not valid JSON: {exc}") from None
+        try:
+            return ClusterInfo(tuple(data["control"]), data["secret"],
+                               tuple(data.get("nodes", ())), data)
+        except (KeyError, TypeError):
+            raise BadRequest(f"cluster file {p} lacks 'control' or 'secret'") from None

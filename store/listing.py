@@ -1,0 +1,139 @@
+"""Listing merge: sorted, paginated scans of every control node, merged into one page.
+
+Each key lives on R control nodes, so the same key arrives from several nodes: the
+newest record by (ts, version_id) wins and tombstones are dropped. The pure part
+(`merge_page`) is separate from the fetching so it can be tested against a naive model.
+"""
+from __future__ import annotations
+
+import asyncio
+import heapq
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from placement.nodes import Node
+from store.errors import EcstoreError, Unavailable
+from store.transport import Transport
+from store.wire import unpack
+
+PAGE_LIMIT = 1000
+PAST_PREFIX = "\U0010ffff"  # sorts after any key character, in UTF-8 bytes too
+
+
+@dataclass(frozen=True)
+class ListEntry:
+    key: str
+    size: int
+    ts: int
+    version_id: str
+    etag: str | None = None
+
+
+@dataclass(frozen=True)
+class ListResult:
+    objects: list[ListEntry] = field(default_factory=list)
+    common_prefixes: list[str] = field(default_factory=list)
+    truncated: bool = False
+    next_start_after: str = ""
+
+
+def newest_per_key(streams: Iterable[Iterator[dict[str, Any]]]) -> Iterator[dict[str, Any]]:
+    """Merge sorted record streams; one record per key, the newest, tombstones kept."""
+    merged = heapq.merge(*streams, key=lambda r: r["key"])
+    current: dict[str, Any] | None = None
+    for r in merged:
+        if current is not None and r["key"] == current["key"]:
+            if (r["ts"], r["version_id"]) > (current["ts"], current["version_id"]):
+                current = r
+            continue
+        if current is not None:
+            yield current
+        current = r
+    if current is not None:
+        yield current
+
+
+def merge_page(records: Iterator[dict[str, Any]], prefix: str, delimiter: str,
+               max_keys: int) -> ListResult:
+    """Apply tombstones, delimiter and max_keys to the merged newest-per-key stream."""
+    objects: list[ListEntry] = []
+    prefixes: list[str] = []
+    last = ""
+    for r in records:
+        if r["deleted"]:
+            continue
+        key = r["key"]
+        if delimiter:
+            cut = key.find(delimiter, len(prefix))
+            if cut >= 0:
+                cp = key[:cut + len(delimiter)]
+                if prefixes and prefixes[-1] == cp:
+                    continue
+                if len(objects) + len(prefixes) == max_keys:
+                    return ListResult(objects, prefixes, True, last)
+                prefixes.append(cp)
+                last = cp + PAST_PREFIX  # resume after every key under cp
+                continue
+        if len(objects) + len(prefixes) == max_keys:
+            return ListResult(objects, prefixes, True, last)
+        objects.append(ListEntry(key, r["size"], r["ts"], r["version_id"], r.get("etag")))
+        last = key
+    return ListResult(objects, prefixes, False, last)
+
+
+class _NodeCursor:
+    """Pages of one control node's scan, fetched lazily."""
+
+    def __init__(self, t: Transport, node: Node, bucket: str, prefix: str, after: str) -> None:
+        self.t, self.node, self.bucket, self.prefix, self.after = t, node, bucket, prefix, after
+        self.page: list[dict[str, Any]] = []
+        self.truncated = True
+
+    async def fetch(self) -> None:
+        query = {"prefix": self.prefix, "after": self.after, "limit": PAGE_LIMIT}
+        reply = await self.t.request("GET", self.node.address, f"/v1/list/{self.bucket}",
+                                     query=query, timeout_s=10.0)
+        body = unpack(reply.body)
+        self.page, self.truncated = body["records"], body["truncated"]
+        if self.page:
+            self.after = self.page[-1]["key"]
+
+
+async def merge_listing(t: Transport, nodes: tuple[Node, ...], bucket: str, prefix: str,
+                        delimiter: str, start_after: str, max_keys: int,
+                        allowed_failures: int) -> ListResult:
+    """Fetch and merge until one page of max_keys entries is complete.
+
+    Each round merges what every node returned; the round's result is final up to the
+    smallest last key of the nodes that have more, so the next round starts there.
+    """
+    cursors = [_NodeCursor(t, n, bucket, prefix, start_after) for n in nodes]
+    results = await asyncio.gather(*(c.fetch() for c in cursors), return_exceptions=True)
+    failed = [r for r in results if isinstance(r, BaseException)]
+    for r in failed:
+        if not isinstance(r, EcstoreError):
+            raise r
+    if len(failed) > allowed_failures:
+        raise Unavailable(f"listing {bucket}: {len(failed)} of {len(nodes)} control nodes "
+                          "failed", tried=len(nodes), failed=len(failed))
+    live = [c for c, r in zip(cursors, results) if not isinstance(r, BaseException)]
+    collected: list[dict[str, Any]] = []
+    while True:
+        more = [c for c in live if c.truncated and c.page]
+        horizon = min((c.page[-1]["key"] for c in more), default=None)
+        batch = [iter([r for r in c.page if horizon is None or r["key"] <= horizon])
+                 for c in live]
+        for c in live:
+            c.page = [r for r in c.page if horizon is not None and r["key"] > horizon]
+        collected.extend(newest_per_key(batch))
+        page = merge_page(iter(collected), prefix, delimiter, max_keys)
+        if page.truncated or horizon is None:
+            return page
+        await asyncio.gather(*(_refill(c) for c in more))
+
+
+async def _refill(c: _NodeCursor) -> None:
+    rest = c.page
+    await c.fetch()
+    c.page = rest + c.page

@@ -1,0 +1,95 @@
+"""Metadata quorum: records on R control nodes, W acks to write, read quorum to read."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from placement.cluster_map import ClusterMap
+from placement.nodes import Node
+from store.errors import EcstoreError, Unavailable
+from store.transport import Transport
+from store.wire import pack, unpack
+
+META_TIMEOUT_S = 5.0
+
+
+def newest(records: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The newest record by (ts, version_id), or None if there is none."""
+    present = [r for r in records if r is not None]
+    return max(present, key=lambda r: (r["ts"], r["version_id"])) if present else None
+
+
+class MetaQuorum:
+    def __init__(self, transport: Transport, background: set[asyncio.Task[Any]]) -> None:
+        self.t = transport
+        self.background = background
+
+    async def write(self, nodes: tuple[Node, ...], path: str, record: dict[str, Any],
+                    needed: int) -> int:
+        """PUT record to every node; return once `needed` acked (the rest go on)."""
+        body = pack(record)
+
+        async def one(node: Node) -> None:
+            await self.t.request("PUT", node.address, path, body=body, timeout_s=META_TIMEOUT_S)
+
+        return await self._quorum([lambda n=n: one(n) for n in nodes], needed, "write", path)
+
+    async def read(self, nodes: tuple[Node, ...], path: str, needed: int,
+                   repair: bool = True) -> dict[str, Any] | None:
+        """Ask every node, take the newest of the first `needed` answers, repair stale ones."""
+        answers: dict[str, dict[str, Any] | None] = {}
+
+        async def one(node: Node) -> None:
+            reply = await self.t.request("GET", node.address, path, ok_404=True,
+                                         timeout_s=META_TIMEOUT_S)
+            answers[node.id] = None if reply.status == 404 else unpack(reply.body)
+
+        await self._quorum([lambda n=n: one(n) for n in nodes], needed, "read", path)
+        best = newest(list(answers.values()))
+        if repair and best is not None:
+            stale = [n for n in nodes if n.id in answers and answers[n.id] != best]
+            if stale:
+                self._spawn(self.write(tuple(stale), path, best, 0))
+        return best
+
+    async def _quorum(self, calls: list[Callable[[], Awaitable[None]]], needed: int,
+                      what: str, path: str) -> int:
+        tasks = [asyncio.ensure_future(c()) for c in calls]
+        ok, failures = 0, []
+        pending = set(tasks)
+        try:
+            while pending and ok < needed:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    exc = task.exception()
+                    if exc is None:
+                        ok += 1
+                    else:
+                        failures.append(str(exc))
+        finally:
+            for task in pending:  # let stragglers finish in the background
+                self.background.add(task)
+                task.add_done_callback(self._forget)
+        if ok < needed:
+            raise Unavailable(f"metadata {what} of {path}: {ok} of {len(calls)} control "
+                              f"nodes answered, {needed} needed",
+                              tried=len(calls), failed=len(failures), errors=failures[:3])
+        return ok
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self.background.add(task)
+        task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task[Any]) -> None:
+        self.background.discard(task)
+        if not task.cancelled():
+            exc = task.exception()
+            if exc is not None and not isinstance(exc, EcstoreError):
+                pass  # background repair is best effort; quorum already decided
+
+
+def effective_quorums(cmap: ClusterMap, n_nodes: int) -> tuple[int, int]:
+    """(write, read) quorums when fewer than R control nodes exist."""
+    return min(cmap.write_quorum, n_nodes), min(cmap.read_quorum, n_nodes)

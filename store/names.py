@@ -1,0 +1,28 @@
+"""Rules for bucket names and object keys (S3's rules)."""
+from __future__ import annotations
+
+import re
+
+from store.errors import BadRequest
+
+BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+MAX_KEY_BYTES = 1024
+
+
+def check_bucket_name(name: str) -> str:
+    """Return name if valid: 3-63 of a-z 0-9 . -, starting and ending alnum, no '..'."""
+    if not BUCKET_RE.match(name) or ".." in name or re.match(r"^\d+\.\d+\.\d+\.\d+$", name):
+        raise BadRequest(f"invalid bucket name {name[:80]!r}: use 3-63 characters "
+                         "a-z 0-9 . -, starting and ending with a letter or digit")
+    return name
+
+
+def check_key(key: str) -> str:
+    """Return key if valid: 1-1024 UTF-8 bytes, no NUL."""
+    if not key:
+        raise BadRequest("object key must not be empty")
+    if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+        raise BadRequest(f"object key longer than {MAX_KEY_BYTES} bytes")
+    if "\0" in key:
+        raise BadRequest("object key must not contain NUL")
+    return key

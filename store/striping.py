@@ -1,0 +1,57 @@
+"""Pure arithmetic of segments and byte ranges, and the read plan of a segment."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from store.errors import RangeNotSatisfiable
+
+
+@dataclass(frozen=True)
+class SegmentSlice:
+    """Bytes [start, stop) of segment `index` (offsets inside the segment)."""
+
+    index: int
+    start: int
+    stop: int
+
+
+def segment_count(size: int, segment_size: int) -> int:
+    return (size + segment_size - 1) // segment_size
+
+
+def resolve_range(size: int, start: int | None, end: int | None) -> tuple[int, int]:
+    """Turn an inclusive byte range (either end optional, like HTTP) into [lo, hi).
+
+    start=None, end=N means the last N bytes. Raises RangeNotSatisfiable.
+    """
+    if start is None and end is None:
+        return 0, size
+    if start is None:
+        assert end is not None
+        if end <= 0:
+            raise RangeNotSatisfiable(f"suffix range of {end} bytes")
+        return max(0, size - end), size
+    if start < 0 or start >= size or (end is not None and end < start):
+        raise RangeNotSatisfiable(f"range {start}-{end} of an object of {size} bytes")
+    hi = size if end is None else min(end + 1, size)
+    return start, hi
+
+
+def slices_for_range(lo: int, hi: int, segment_size: int) -> list[SegmentSlice]:
+    """The segments and the part of each that bytes [lo, hi) need."""
+    out = []
+    seg = lo // segment_size
+    while seg * segment_size < hi:
+        base = seg * segment_size
+        out.append(SegmentSlice(seg, max(lo, base) - base, min(hi, base + segment_size) - base))
+        seg += 1
+    return out
+
+
+def fragment_id(version_id: str, segment: int, index: int) -> str:
+    return f"{version_id}.{segment}.{index}"
+
+
+def parse_fragment_id(fid: str) -> tuple[str, int, int]:
+    vid, seg, idx = fid.split(".")
+    return vid, int(seg), int(idx)

@@ -1,0 +1,54 @@
+"""msgpack encoding for the wire and for stored records, with explicit limits."""
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import msgpack
+
+from store.errors import BadRequest
+
+MAX_RECORD_BYTES = 4 * 1024 * 1024
+
+
+def pack(value: Any) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def unpack(data: bytes, max_bytes: int = MAX_RECORD_BYTES) -> Any:
+    """Decode msgpack with bounded sizes; BadRequest on garbage."""
+    if len(data) > max_bytes:
+        raise BadRequest(f"body of {len(data)} bytes exceeds {max_bytes}")
+    try:
+        return msgpack.unpackb(
+            data, raw=False, strict_map_key=True, use_list=True,
+            max_str_len=max_bytes, max_bin_len=max_bytes,
+            max_array_len=100_000, max_map_len=100_000,
+        )
+    except (ValueError, msgpack.UnpackException, TypeError) as exc:
+        raise BadRequest(f"malformed msgpack body: {exc}") from None
+
+
+FRAGMENT_META_HEADER = "x-ecstore-fragment-meta"
+MAX_META_HEADER_BYTES = 4096
+
+
+def pack_header(value: dict[str, Any]) -> str:
+    """A small map as an HTTP header value (urlsafe base64 of msgpack)."""
+    return base64.urlsafe_b64encode(pack(value)).decode()
+
+
+def unpack_header(value: str | None) -> dict[str, Any]:
+    """Inverse of pack_header; BadRequest on anything else."""
+    if not value:
+        return {}
+    if len(value) > MAX_META_HEADER_BYTES:
+        raise BadRequest("header value too large")
+    try:
+        raw = base64.urlsafe_b64decode(value)
+    except ValueError:
+        raise BadRequest("header is not base64 msgpack") from None
+    out = unpack(raw, MAX_META_HEADER_BYTES)
+    if not isinstance(out, dict):
+        raise BadRequest("header must hold a map")
+    return out

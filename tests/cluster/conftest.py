@@ -1,0 +1,53 @@
+"""A real local cluster (node processes on 127.0.0.1) per test module."""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from cli.localcluster import LocalCluster
+from store.client import SyncClient
+
+
+@pytest.fixture(scope="module")
+def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    tmp = Path(tempfile.mkdtemp(prefix="ecstore-test-"))
+    c = LocalCluster.create(tmp, storage=6, control=3, k=4, m=2)
+    c.start()
+    yield c
+    c.stop()
+    if request.config.getoption("--keep-tmp"):
+        print(f"\nkept cluster directory {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def client(cluster: LocalCluster) -> Iterator[SyncClient]:
+    c = SyncClient(cluster.path)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def all_up(cluster: LocalCluster) -> Iterator[LocalCluster]:
+    """Restart any node a test killed, so the next test starts whole."""
+    yield cluster
+    down = [i for i in cluster.nodes if i not in cluster.running()]
+    for i in down:
+        cluster.start_node(i)
+    if down:
+        cluster.wait_healthy(down)
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")

@@ -1,0 +1,99 @@
+"""A listing of 5,000 keys merged over every control node matches a model."""
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from cli.localcluster import LocalCluster
+from store.client import Client
+from store.listing import ListResult
+
+
+def model(keys: list[str], prefix: str, delimiter: str, start_after: str,
+          max_keys: int) -> tuple[list[str], list[str], bool]:
+    """The naive reference: S3's rules in a few lines."""
+    entries: list[tuple[str, bool]] = []
+    for k in sorted(keys):
+        if not k.startswith(prefix) or k <= start_after:
+            continue
+        cut = k.find(delimiter, len(prefix)) if delimiter else -1
+        if cut >= 0:
+            cp = k[:cut + len(delimiter)]
+            if entries and entries[-1] == (cp, True):
+                continue
+            entries.append((cp, True))
+        else:
+            entries.append((k, False))
+    page = entries[:max_keys]
+    return ([e for e, p in page if not p], [e for e, p in page if p], len(entries) > max_keys)
+
+
+@pytest.fixture(scope="module")
+def keys(cluster: LocalCluster) -> list[str]:
+    rnd = random.Random(7)
+    names = set()
+    while len(names) < 5000:
+        depth = rnd.randint(0, 3)
+        parts = [rnd.choice(["a", "b", "logs", "img", "z9"]) + str(rnd.randint(0, 9))
+                 for _ in range(depth)]
+        names.add("/".join(parts + [f"obj-{rnd.randint(0, 10**6):07d}"]))
+    keys = sorted(names)
+
+    async def fill() -> None:
+        async with Client.connect(cluster.path) as c:
+            await c.create_bucket("many")
+            sem = asyncio.Semaphore(32)
+
+            async def put(k: str) -> None:
+                async with sem:
+                    await c.put("many", k, k.encode())
+            await asyncio.gather(*(put(k) for k in keys))
+            # delete a few so tombstones are in the merge
+            for k in keys[::97]:
+                await c.delete("many", k)
+    asyncio.run(fill())
+    return [k for i, k in enumerate(keys) if i % 97 != 0]
+
+
+async def walk(c: Client, prefix: str, delimiter: str, max_keys: int) -> tuple[list[str], list[str]]:
+    objs: list[str] = []
+    prefixes: list[str] = []
+    after = ""
+    for _ in range(10_000):
+        page: ListResult = await c.list("many", prefix, delimiter, after, max_keys)
+        objs += [o.key for o in page.objects]
+        prefixes += page.common_prefixes
+        if not page.truncated:
+            return objs, prefixes
+        after = page.next_start_after
+    raise AssertionError("listing did not end")
+
+
+@pytest.mark.parametrize("prefix,delimiter,max_keys", [
+    ("", "", 1000), ("", "/", 7), ("a1/", "/", 50), ("logs", "", 333), ("img3/b", "/", 1),
+    ("nothing-here", "/", 10),
+])
+def test_listing_matches_the_model(cluster: LocalCluster, keys: list[str], prefix: str,
+                                   delimiter: str, max_keys: int) -> None:
+    async def go() -> tuple[list[str], list[str]]:
+        async with Client.connect(cluster.path) as c:
+            return await walk(c, prefix, delimiter, max_keys)
+    objs, prefixes = asyncio.run(go())
+    want_objs, want_prefixes, _ = model(keys, prefix, delimiter, "", 10**9)
+    assert objs == want_objs
+    assert prefixes == want_prefixes
+
+
+def test_one_page_with_start_after(cluster: LocalCluster, keys: list[str]) -> None:
+    start = keys[1234]
+
+    async def go() -> ListResult:
+        async with Client.connect(cluster.path) as c:
+            return await c.list("many", "", "/", start, 25)
+    page = asyncio.run(go())
+    objs, prefixes, truncated = model(keys, "", "/", start, 25)
+    assert [o.key for o in page.objects] == objs
+    assert page.common_prefixes == prefixes
+    assert page.truncated == truncated

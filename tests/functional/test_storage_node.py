@@ -1,0 +1,99 @@
+"""One storage node in-process on port 0: fragment ops, checksums, bad input."""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from node.storage import StorageConfig, make_app
+from store.auth import sign_headers
+from store.errors import BadRequest, Corrupt, NotFound, Unauthorized
+from store.transport import Transport
+
+SECRET = "s" * 32
+
+
+def run(tmp_path: Path, body: Callable[[Transport, str], Awaitable[None]]) -> None:
+    async def go() -> None:
+        server = TestServer(make_app(StorageConfig("s1", tmp_path, SECRET)), host="127.0.0.1")
+        await server.start_server()
+        t = Transport(SECRET)
+        try:
+            await body(t, str(server.make_url("")).rstrip("/"))
+        finally:
+            await t.close()
+            await server.close()
+    asyncio.run(go())
+
+
+def test_put_get_head_delete_list(tmp_path: Path) -> None:
+    async def body(t: Transport, url: str) -> None:
+        await t.request("PUT", url, "/v1/fragments/v1.0.0", body=b"hello")
+        await t.request("PUT", url, "/v1/fragments/v1.0.1", body=b"world")
+        r = await t.request("GET", url, "/v1/fragments/v1.0.0")
+        assert r.body == b"hello"
+        assert r.headers["x-ecstore-checksum"] == hashlib.sha256(b"hello").hexdigest()
+        r = await t.request("GET", url, "/v1/fragments", query={"limit": 1})
+        from store.wire import unpack
+        page = unpack(r.body)
+        assert page == {"fragments": ["v1.0.0"], "truncated": True}
+        await t.request("DELETE", url, "/v1/fragments/v1.0.0")
+        with pytest.raises(NotFound):
+            await t.request("GET", url, "/v1/fragments/v1.0.0")
+        st = await t.request("GET", url, "/v1/status")
+        assert b'"fragments": 1' in st.body
+    run(tmp_path, body)
+
+
+def test_truncated_upload_is_refused_and_stores_nothing(tmp_path: Path) -> None:
+    async def body(t: Transport, url: str) -> None:
+        good = hashlib.sha256(b"full body").hexdigest()
+        with pytest.raises(BadRequest):
+            await t.request("PUT", url, "/v1/fragments/v2.0.0", body=b"full", checksum=good)
+        with pytest.raises(NotFound):
+            await t.request("HEAD", url, "/v1/fragments/v2.0.0")
+        assert not list((tmp_path / "tmp").iterdir())
+    run(tmp_path, body)
+
+
+def test_corrupt_fragment_is_reported_never_served(tmp_path: Path) -> None:
+    async def body(t: Transport, url: str) -> None:
+        await t.request("PUT", url, "/v1/fragments/v3.0.0", body=b"x" * 1000)
+        [path] = (tmp_path / "fragments").glob("*/v3.0.0")
+        raw = bytearray(path.read_bytes())
+        raw[-1] ^= 1
+        path.write_bytes(bytes(raw))
+        with pytest.raises(Corrupt):
+            await t.request("GET", url, "/v1/fragments/v3.0.0")
+    run(tmp_path, body)
+
+
+@pytest.mark.parametrize("fid", ["..", "..%2F..%2Fetc%2Fpasswd", "%2e%2e", ".hidden", "a%2Fb"])
+def test_fragment_ids_cannot_escape_the_data_directory(tmp_path: Path, fid: str) -> None:
+    async def body(t: Transport, url: str) -> None:
+        with pytest.raises((BadRequest, NotFound)):
+            await t.request("PUT", url, f"/v1/fragments/{fid}", body=b"evil")
+        assert not any(p.name == "evil" for p in tmp_path.parent.rglob("*"))
+        assert sum(1 for _ in (tmp_path / "fragments").rglob("*") if _.is_file()) == 0
+    run(tmp_path, body)
+
+
+def test_unsigned_and_wrongly_signed_requests_are_refused(tmp_path: Path) -> None:
+    async def body(t: Transport, url: str) -> None:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(url + "/v1/fragments") as r:
+                assert r.status == 401
+            h = sign_headers("another secret entirely", "GET", "/v1/fragments")
+            async with s.get(url + "/v1/fragments", headers=h) as r:
+                assert r.status == 401
+            h = sign_headers(SECRET, "GET", "/v1/fragments", now_s=1000.0)
+            async with s.get(url + "/v1/fragments", headers=h) as r:
+                assert r.status == 401 and "stale" in await r.text()
+        with pytest.raises(Unauthorized):
+            await Transport("wrong" * 8).request("GET", url, "/v1/status")
+    run(tmp_path, body)
