@@ -95,8 +95,12 @@ def with_client(fn: Callable[[Client, argparse.Namespace], Awaitable[int]]
                 ) -> Callable[[argparse.Namespace], int]:
     def run(a: argparse.Namespace) -> int:
         async def go() -> int:
-            async with Client(ClusterInfo.load(a.cluster)) as c:
+            c = Client(ClusterInfo.load(a.cluster))
+            try:
+                await c.cluster_map()
                 return await fn(c, a)
+            finally:
+                await c.close()
         return asyncio.run(go())
     return run
 
@@ -107,9 +111,10 @@ async def cmd_status(c: Client, a: argparse.Namespace) -> int:
     if a.json:
         print(json.dumps({"epoch": cmap.epoch, "nodes": rows}, indent=2))
         return 0
-    t = Table(title=f"ecstore cluster, map epoch {cmap.epoch}")
+    t = Table(title=f"ecstore cluster, map epoch {cmap.epoch}", box=None)
     for col in ("node", "role", "zone", "tier", "state", "fragments", "bytes", "disk free", "epoch"):
-        t.add_column(col, justify="right" if col in ("fragments", "bytes", "disk free") else "left")
+        t.add_column(col, no_wrap=True,
+                     justify="right" if col in ("fragments", "bytes", "disk free") else "left")
     for r in rows:
         t.add_row(r["id"], r["role"], r["zone"], r["tier"],
                   "[green]up[/]" if r["up"] else "[red]down[/]",
