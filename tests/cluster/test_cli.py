@@ -1,0 +1,86 @@
+"""The `ecstore` console script against its own detached cluster, as a user runs it."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def ecstore(*args: str, cwd: Path, stdin: bytes = b"", ok: bool = True) -> subprocess.CompletedProcess[bytes]:
+    proc = subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=cwd, input=stdin,
+                          capture_output=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if ok:
+        assert proc.returncode == 0, proc.stderr.decode()
+    return proc
+
+
+@pytest.fixture(scope="module")
+def workdir() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="ecstore-cli-"))
+    ecstore("cluster", "up", "--detach", "--storage", "5", "--control", "1", "--k", "3",
+            "--m", "2", cwd=d)
+    yield d
+    ecstore("cluster", "down", cwd=d, ok=False)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_cluster_json_names_every_node(workdir: Path) -> None:
+    data = json.loads((workdir / ".ecstore" / "cluster.json").read_text())
+    assert len(data["secret"]) >= 32 and len(data["control"]) == 1
+    assert sorted(n["role"] for n in data["nodes"]) == ["control"] + ["storage"] * 5
+    for n in data["nodes"]:
+        assert {"id", "role", "url", "data", "pid"} <= n.keys() and n["pid"] > 0
+
+
+def test_put_get_ls_head_rm(workdir: Path) -> None:
+    payload = os.urandom(9 * 1024 * 1024 + 7)
+    (workdir / "in.bin").write_bytes(payload)
+    ecstore("mb", "cli-bucket", cwd=workdir)
+    ecstore("put", "cli-bucket/dir/in.bin", "in.bin", cwd=workdir)
+    ecstore("put", "cli-bucket/dir/small", "-", stdin=b"from stdin", cwd=workdir)
+    ecstore("get", "cli-bucket/dir/in.bin", "out.bin", cwd=workdir)
+    assert (workdir / "out.bin").read_bytes() == payload
+    assert ecstore("get", "cli-bucket/dir/small", cwd=workdir).stdout == b"from stdin"
+    assert ecstore("get", "cli-bucket/dir/in.bin", "-", "--range", "5-9",
+                   cwd=workdir).stdout == payload[5:10]
+    listing = json.loads(ecstore("ls", "cli-bucket/dir/", "--json", cwd=workdir).stdout)
+    assert [o["key"] for o in listing["objects"]] == ["dir/in.bin", "dir/small"]
+    top = ecstore("ls", "cli-bucket", cwd=workdir).stdout.decode()
+    assert "PRE" in top and "dir/" in top
+    head = json.loads(ecstore("head", "cli-bucket/dir/in.bin", "--json", cwd=workdir).stdout)
+    assert head["size"] == len(payload)
+    ecstore("rm", "cli-bucket/dir/small", cwd=workdir)
+    gone = ecstore("get", "cli-bucket/dir/small", cwd=workdir, ok=False)
+    assert gone.returncode != 0 and b"no such object" in gone.stderr
+    assert b"Traceback" not in gone.stderr
+
+
+def test_status_json_and_table(workdir: Path) -> None:
+    status = json.loads(ecstore("status", "--json", cwd=workdir).stdout)
+    assert status["epoch"] == 1 and len(status["nodes"]) == 6
+    assert all(n["up"] for n in status["nodes"])
+    table = ecstore("status", cwd=workdir).stdout.decode()
+    assert "storage" in table and "up" in table
+
+
+def test_errors_are_messages_not_tracebacks(workdir: Path) -> None:
+    for args in (["mb", "Bad_Name"], ["get", "nokey"], ["put", "cli-bucket/x", "/no/such/file"],
+                 ["--cluster", "/nonexistent.json", "ls"], ["get", "cli-bucket/x", "-", "--range", "zz"]):
+        proc = ecstore(*args, cwd=workdir, ok=False)
+        assert proc.returncode != 0, args
+        assert b"Traceback" not in proc.stderr and b"error" in proc.stderr, (args, proc.stderr)
+
+
+def test_up_refuses_a_second_cluster_in_the_same_directory(workdir: Path) -> None:
+    proc = ecstore("cluster", "up", "--detach", cwd=workdir, ok=False)
+    assert proc.returncode != 0 and b"already running" in proc.stderr

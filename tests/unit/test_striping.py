@@ -1,0 +1,32 @@
+"""Segment and range arithmetic against byte-by-byte reference."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from store.errors import RangeNotSatisfiable
+from store.striping import resolve_range, slices_for_range
+
+
+@given(size=st.integers(1, 5000), seg=st.integers(1, 700), a=st.integers(0, 5000),
+       b=st.integers(0, 5000))
+def test_slices_cover_exactly_the_range(size: int, seg: int, a: int, b: int) -> None:
+    data = bytes(i % 251 for i in range(size))
+    lo, hi = sorted((a % size, b % size))
+    lo, hi = resolve_range(size, lo, hi)
+    segments = [data[i:i + seg] for i in range(0, size, seg)]
+    got = b"".join(segments[s.index][s.start:s.stop] for s in slices_for_range(lo, hi, seg))
+    assert got == data[lo:hi]
+
+
+def test_suffix_and_open_ranges() -> None:
+    assert resolve_range(100, None, 10) == (90, 100)
+    assert resolve_range(100, None, 1000) == (0, 100)
+    assert resolve_range(100, 95, None) == (95, 100)
+    assert resolve_range(100, 0, 10**9) == (0, 100)
+    for bad in ((100, None), (5, 4), (-1, 3)):
+        with pytest.raises(RangeNotSatisfiable):
+            resolve_range(100, *bad)
+    with pytest.raises(RangeNotSatisfiable):
+        resolve_range(100, None, 0)
