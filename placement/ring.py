@@ -39,7 +39,7 @@ import itertools
 import sys
 from array import array
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -121,7 +121,7 @@ class Ring:
 
     nodes: tuple[Node, ...]
     part_power: int
-    table: bytes
+    table: bytes = field(repr=False)
     tier: str = ""
 
     # ----------------------------------------------------------------- build

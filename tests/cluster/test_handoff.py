@@ -1,0 +1,60 @@
+"""Puts while a storage node is down: fragments go to handoff nodes, nothing is lost."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cli.localcluster import LocalCluster
+from store.client import SyncClient
+from store.errors import NotFound, Unavailable
+
+
+@pytest.fixture(scope="module")
+def seven() -> Iterator[LocalCluster]:
+    tmp = Path(tempfile.mkdtemp(prefix="ecstore-handoff-"))
+    c = LocalCluster.create(tmp, storage=7, control=3, k=4, m=2)
+    c.start()
+    yield c
+    c.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_put_with_a_node_down_uses_handoffs_and_reads_back(seven: LocalCluster) -> None:
+    with SyncClient(seven.path) as c:
+        c.create_bucket("hand")
+        seven.kill_node("s3")
+        objs = {f"k{i}": os.urandom(3 * 1024 * 1024 + i) for i in range(6)}
+        for k, v in objs.items():
+            c.put("hand", k, v)
+        seven.start_node("s3")
+        seven.wait_healthy(["s3"])
+        # s3 is back but holds none of these fragments; lose two more nodes
+        seven.kill_node("s1")
+        seven.kill_node("s5")
+        for k, v in objs.items():
+            assert c.get("hand", k) == v
+        seven.start_node("s1")
+        seven.start_node("s5")
+        seven.wait_healthy(["s1", "s5"])
+
+
+def test_put_that_cannot_place_every_fragment_fails_and_is_invisible(seven: LocalCluster) -> None:
+    with SyncClient(seven.path) as c:
+        if "hand" not in c.list_buckets():
+            c.create_bucket("hand")
+        seven.kill_node("s2")
+        seven.kill_node("s6")  # 5 of 7 left: fewer than k+m distinct nodes
+        try:
+            with pytest.raises(Unavailable):
+                c.put("hand", "nowhere", os.urandom(1024 * 1024))
+            with pytest.raises(NotFound):
+                c.head("hand", "nowhere")
+        finally:
+            seven.start_node("s2")
+            seven.start_node("s6")
+            seven.wait_healthy(["s2", "s6"])
