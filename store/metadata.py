@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any
 
 from placement.cluster_map import ClusterMap
@@ -33,11 +33,16 @@ class MetaQuorum:
         async def one(node: Node) -> None:
             await self.t.request("PUT", node.address, path, body=body, timeout_s=META_TIMEOUT_S)
 
-        return await self._quorum([lambda n=n: one(n) for n in nodes], needed, "write", path)
+        tasks = [asyncio.ensure_future(one(n)) for n in nodes]
+        return await self._quorum(tasks, needed, "write", path)
 
     async def read(self, nodes: tuple[Node, ...], path: str, needed: int,
                    repair: bool = True) -> dict[str, Any] | None:
-        """Ask every node, take the newest of the first `needed` answers, repair stale ones."""
+        """Ask every node, take the newest of the first `needed` answers.
+
+        The answers that arrive later are still compared, in the background, and every
+        replica that answered with an older record (or none) is sent the newest.
+        """
         answers: dict[str, dict[str, Any] | None] = {}
 
         async def one(node: Node) -> None:
@@ -45,17 +50,24 @@ class MetaQuorum:
                                          timeout_s=META_TIMEOUT_S)
             answers[node.id] = None if reply.status == 404 else unpack(reply.body)
 
-        await self._quorum([lambda n=n: one(n) for n in nodes], needed, "read", path)
+        tasks = [asyncio.ensure_future(one(n)) for n in nodes]
+        await self._quorum(tasks, needed, "read", path)
         best = newest(list(answers.values()))
         if repair and best is not None:
-            stale = [n for n in nodes if n.id in answers and answers[n.id] != best]
-            if stale:
-                self._spawn(self.write(tuple(stale), path, best, 0))
+            self._spawn(self._repair(nodes, tasks, answers, path))
         return best
 
-    async def _quorum(self, calls: list[Callable[[], Awaitable[None]]], needed: int,
+    async def _repair(self, nodes: tuple[Node, ...], tasks: list[asyncio.Future[None]],
+                      answers: dict[str, dict[str, Any] | None], path: str) -> None:
+        await asyncio.wait(tasks, timeout=META_TIMEOUT_S)
+        best = newest(list(answers.values()))
+        stale = tuple(n for n in nodes if n.id in answers and answers[n.id] != best)
+        if best is not None and stale:
+            await self.write(stale, path, best, 0)
+
+    async def _quorum(self, tasks: list[asyncio.Future[None]], needed: int,
                       what: str, path: str) -> int:
-        tasks = [asyncio.ensure_future(c()) for c in calls]
+        """Wait until `needed` tasks succeeded; the others go on in the background."""
         ok, failures = 0, []
         pending = set(tasks)
         try:
@@ -72,9 +84,9 @@ class MetaQuorum:
                 self.background.add(task)
                 task.add_done_callback(self._forget)
         if ok < needed:
-            raise Unavailable(f"metadata {what} of {path}: {ok} of {len(calls)} control "
+            raise Unavailable(f"metadata {what} of {path}: {ok} of {len(tasks)} control "
                               f"nodes answered, {needed} needed",
-                              tried=len(calls), failed=len(failures), errors=failures[:3])
+                              tried=len(tasks), failed=len(failures), errors=failures[:3])
         return ok
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
