@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -9,8 +10,6 @@ import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
-
-import hashlib
 
 from store.auth import CHECKSUM_HEADER, verify
 from store.errors import BadRequest, EcstoreError, Unauthorized

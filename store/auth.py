@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
+from collections.abc import Mapping
 
 SIGNATURE_HEADER = "x-ecstore-signature"
 DATE_HEADER = "x-ecstore-date"
@@ -33,10 +34,10 @@ def sign_headers(secret: str, method: str, path_qs: str, checksum: str = EMPTY_S
     }
 
 
-def verify(secret: str, method: str, path_qs: str, headers: dict[str, str] | object,
+def verify(secret: str, method: str, path_qs: str, headers: Mapping[str, str],
            now_s: float) -> str | None:
     """Return None when the request is signed correctly, else the reason it is not."""
-    get = headers.get  # type: ignore[attr-defined]
+    get = headers.get
     sig, ts, checksum = get(SIGNATURE_HEADER), get(DATE_HEADER), get(CHECKSUM_HEADER)
     if not sig or not ts or not checksum:
         return "unsigned request"

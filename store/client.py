@@ -9,6 +9,7 @@ segment, fall back to parity on any error (degraded read), decode, slice.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import hashlib
 import json
 import os
@@ -17,7 +18,6 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 from placement.cluster_map import ClusterMap
@@ -30,7 +30,7 @@ from store.errors import BadRequest, Conflict, Corrupt, EcstoreError, NotFound, 
 from store.listing import ListResult, merge_listing
 from store.metadata import MetaQuorum, effective_quorums
 from store.names import check_bucket_name, check_key
-from store.striping import fragment_id, resolve_range, segment_count, slices_for_range
+from store.striping import fragment_id, resolve_range, slices_for_range
 from store.transport import Transport, quote_key
 from store.wire import FRAGMENT_META_HEADER, pack, pack_header, unpack
 
@@ -74,7 +74,7 @@ class Client:
     def __init__(self, info: ClusterInfo) -> None:
         self.info = info
         self.t = Transport(info.secret)
-        self.background: set[asyncio.Task[Any]] = set()
+        self.background: set[asyncio.Future[Any]] = set()
         self.meta = MetaQuorum(self.t, self.background)
         self._map: ClusterMap | None = None
         self._buckets_seen: dict[str, float] = {}
@@ -213,7 +213,7 @@ class Client:
                             vid: str, record: dict[str, Any],
                             segments: AsyncIterator[bytes]) -> tuple[int, int]:
         size = count = 0
-        inflight: set[asyncio.Task[None]] = set()
+        inflight: set[asyncio.Future[None]] = set()
         written: list[tuple[str, Node]] = []
         try:
             async for seg in segments:
@@ -414,7 +414,7 @@ class Client:
                 return
             after = page.next_start_after
 
-    async def node_status(self) -> list[dict[str, Any]]:
+    async def node_status(self) -> builtins.list[dict[str, Any]]:
         """Every node of the map (and of cluster.json) with its status or 'down'."""
         cmap = await self.cluster_map()
         nodes = list(cmap.control.nodes) + list(cmap.all_storage_nodes())
@@ -461,7 +461,7 @@ async def _segments(source: Source, size: int) -> AsyncIterator[bytes]:
     if hasattr(source, "read"):
         loop = asyncio.get_running_loop()
         while True:
-            block = await loop.run_in_executor(None, _read_exact, source, size)
+            block = await loop.run_in_executor(None, _read_exact, source, size)  # type: ignore[arg-type]
             if not block:
                 return
             yield block

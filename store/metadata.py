@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from placement.cluster_map import ClusterMap
@@ -21,7 +21,7 @@ def newest(records: list[dict[str, Any] | None]) -> dict[str, Any] | None:
 
 
 class MetaQuorum:
-    def __init__(self, transport: Transport, background: set[asyncio.Task[Any]]) -> None:
+    def __init__(self, transport: Transport, background: set[asyncio.Future[Any]]) -> None:
         self.t = transport
         self.background = background
 
@@ -57,7 +57,7 @@ class MetaQuorum:
             self._spawn(self._repair(nodes, tasks, answers, path))
         return best
 
-    async def _repair(self, nodes: tuple[Node, ...], tasks: list[asyncio.Future[None]],
+    async def _repair(self, nodes: tuple[Node, ...], tasks: Sequence[asyncio.Future[None]],
                       answers: dict[str, dict[str, Any] | None], path: str) -> None:
         await asyncio.wait(tasks, timeout=META_TIMEOUT_S)
         best = newest(list(answers.values()))
@@ -65,7 +65,7 @@ class MetaQuorum:
         if best is not None and stale:
             await self.write(stale, path, best, 0)
 
-    async def _quorum(self, tasks: list[asyncio.Future[None]], needed: int,
+    async def _quorum(self, tasks: Sequence[asyncio.Future[None]], needed: int,
                       what: str, path: str) -> int:
         """Wait until `needed` tasks succeeded; the others go on in the background."""
         ok, failures = 0, []
@@ -94,7 +94,7 @@ class MetaQuorum:
         self.background.add(task)
         task.add_done_callback(self._forget)
 
-    def _forget(self, task: asyncio.Task[Any]) -> None:
+    def _forget(self, task: asyncio.Future[Any]) -> None:
         self.background.discard(task)
         if not task.cancelled():
             exc = task.exception()

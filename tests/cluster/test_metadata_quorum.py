@@ -5,7 +5,6 @@ import asyncio
 
 from cli.localcluster import LocalCluster
 from store.client import SyncClient
-
 from store.transport import Transport
 from store.wire import unpack
 from tests.cluster.conftest import wait_for
