@@ -288,6 +288,48 @@ async def cmd_rm(c: Client, a: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_repair(c: Client, a: argparse.Namespace) -> int:
+    from store.cluster import cluster_path
+    from store.repair import prepare_repair
+
+    state = cluster_path(a.cluster).parent / "repair.state.json"
+    if a.restart:
+        state.unlink(missing_ok=True)
+    err.print("reading metadata and fragment listings ...")
+    worker = await prepare_repair(c, a.dry_run, a.rate, state)
+    total = worker.remaining
+    if worker.skipped:
+        err.print(f"resuming: {worker.skipped} objects were done by an earlier run")
+    show = err.is_terminal and not a.json
+    with Progress("{task.description}", BarColumn(), "{task.completed}/{task.total} objects",
+                  console=err, transient=True, disable=not show) as progress:
+        task = progress.add_task("repair" + (" (dry run)" if a.dry_run else ""), total=total)
+        while await worker.step():
+            progress.update(task, completed=total - worker.remaining,
+                            description=f"repair: {worker.report.fragments_rebuilt} rebuilt, "
+                                        f"{human(worker.report.bytes_rebuilt)}")
+    worker.report.seconds = time.monotonic() - worker.limiter.start
+    worker.finish()
+    rep = worker.report.to_dict()
+    if a.json:
+        print(json.dumps(rep, indent=2))
+    else:
+        t = Table(title="repair" + (" (dry run: nothing written)" if a.dry_run else ""), box=None)
+        t.add_column("")
+        t.add_column("count", justify="right")
+        for name in ("objects_checked", "segments_damaged", "fragments_missing",
+                     "fragments_rebuilt", "failed"):
+            t.add_row(name.replace("_", " "), str(rep[name]))
+        t.add_row("bytes rebuilt", human(rep["bytes_rebuilt"]))
+        t.add_row("unrecoverable objects", str(len(rep["unrecoverable"])))
+        out.print(t)
+        for name in rep["unrecoverable"]:
+            out.print(f"[red]unrecoverable:[/] {name}", highlight=False)
+        for e in rep["errors"]:
+            err.print(f"[yellow]warning:[/] {e}", highlight=False)
+    return 1 if rep["unrecoverable"] or rep["failed"] else 0
+
+
 # ---- parser ---------------------------------------------------------------------------
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ecstore", description="erasure-coded object store")
@@ -340,6 +382,13 @@ def parser() -> argparse.ArgumentParser:
     rm = sub.add_parser("rm", help="delete BUCKET/KEY")
     rm.add_argument("path", metavar="BUCKET/KEY")
     rm.set_defaults(func=with_client(cmd_rm))
+    rp = sub.add_parser("repair", help="rebuild missing or corrupt fragments from any k others")
+    rp.add_argument("--dry-run", action="store_true", help="report what is missing, write nothing")
+    rp.add_argument("--rate", type=float, default=0.0, metavar="MB/s",
+                    help="limit rebuilt bytes written per second (default: no limit)")
+    rp.add_argument("--restart", action="store_true", help="ignore a saved position, start over")
+    rp.add_argument("--json", action="store_true")
+    rp.set_defaults(func=with_client(cmd_repair))
     return p
 
 
