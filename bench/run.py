@@ -36,10 +36,10 @@ BUCKET = "bench"
 KILLED = ["s1", "s2"]
 
 PROFILES: dict[str, dict[str, int]] = {
-    "quick": dict(codec_iters=40, medium_count=128, medium_conc=8, large_mib=64,
-                  small_count=1000, small_conc=16),
-    "full": dict(codec_iters=150, medium_count=512, medium_conc=8, large_mib=256,
-                 small_count=5000, small_conc=16),
+    "quick": dict(codec_iters=25, medium_count=128, medium_conc=8, large_mib=64,
+                  small_count=1000, small_conc=16, warmup=16),
+    "full": dict(codec_iters=100, medium_count=1024, medium_conc=8, large_mib=256,
+                 small_count=10000, small_conc=16, warmup=32),
 }
 OP_TIMEOUT_S = {"medium": 60.0, "small": 30.0}
 LARGE_TIMEOUT_S = 600.0
@@ -85,17 +85,22 @@ def pct(values: list[float], q: float) -> float | None:
 
 
 # ---- codec --------------------------------------------------------------------------------
-def _time_loop(fn: Callable[[], Any], iters: int) -> tuple[float, Any]:
-    fn()  # warm up
-    best = float("inf")
-    out = None
-    # best of 3 rounds to reduce noise on a shared machine
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
+def _time_pair(fns: dict[str, Callable[[], Any]], iters: int) -> dict[str, tuple[float, Any]]:
+    """Time each fn `iters` times, alternating call by call (A B, B A, ...), dropping each
+    result before the next call so every call starts from the same allocator state.
+    (pyeclib's speed depends on whether glibc hands it reused heap memory or fresh mmap'd
+    pages for the 6 fragment buffers; keeping one side's previous result alive made the
+    *same* call look 3x slower in one arm than the other.)
+    Returns, per fn, (median seconds per call * iters, result of the warm-up call)."""
+    per_call: dict[str, list[float]] = {who: [] for who in fns}
+    first = {who: fn() for who, fn in fns.items()}  # warm up; kept for verification
+    order = list(fns.items())
+    for i in range(iters):
+        for who, fn in (order if i % 2 == 0 else order[::-1]):
+            t0 = time.perf_counter()
+            fn()  # result dropped at once
+            per_call[who].append(time.perf_counter() - t0)
+    return {who: (statistics.median(per_call[who]) * iters, first[who]) for who in fns}
 
 
 def bench_codec(iters: int) -> list[Row]:
@@ -115,27 +120,34 @@ def bench_codec(iters: int) -> list[Row]:
          lambda: codec.decode(K, M, EC_TYPE, degraded), seg),
     ]
     for label, raw_fn, ours_fn, expect in cases:
-        results = {}
-        for who, fn in (("pyeclib raw", raw_fn), ("ecstore codec", ours_fn)):
-            errors, sample = 0, ""
-            try:
-                secs, out = _time_loop(fn, iters)
+        fns = {"pyeclib raw": raw_fn, "ecstore codec": ours_fn}
+        try:
+            timed: dict[str, tuple[float, Any]] | None = _time_pair(fns, iters)
+            failure = ""
+        except Exception as exc:  # noqa: BLE001 - report, keep going
+            timed, failure = None, f"{type(exc).__name__}: {exc}"
+        rates = {}
+        for who in fns:
+            errors, sample, secs = 0, failure, 0.0
+            if timed is None:
+                errors = 1
+            else:
+                secs, out = timed[who]
                 if expect is not None and out != expect:
                     errors, sample = 1, "decoded bytes differ from the segment"
-                if expect is None and (len(out) != K + M):
+                if expect is None and len(out) != K + M:
                     errors, sample = 1, f"encode returned {len(out)} fragments"
-            except Exception as exc:  # noqa: BLE001 - report, keep going
-                secs, errors, sample = 0.0, 1, f"{type(exc).__name__}: {exc}"
             rate = mb_s(nbytes, secs)
-            results[who] = rate
+            rates[who] = rate
             rows.append(Row(name=f"codec {label}: {who}", group="codec", value=rate,
-                            unit="MB/s", mb_s=rate, duration_s=secs, count=iters * 3,
-                            bytes=nbytes * 3, errors=errors, error_sample=sample,
+                            unit="MB/s", mb_s=rate, duration_s=secs, count=iters,
+                            bytes=nbytes, errors=errors, error_sample=sample,
                             rss_peak_mib=peak_rss_mib(),
-                            extra={"segment_bytes": SEGMENT, "rounds": 3,
-                                   "iters_per_round": iters, "best_round": True}))
-        if results.get("pyeclib raw"):
-            rows[-1].ratio = results["ecstore codec"] / results["pyeclib raw"]
+                            extra={"segment_bytes": SEGMENT,
+                                   "timing": "median per-call time x count, calls of "
+                                             "ours and raw alternated"}))
+        if rates.get("pyeclib raw"):
+            rows[-1].ratio = rates["ecstore codec"] / rates["pyeclib raw"]
             rows[-1].ratio_of = "ours/raw"
     return rows
 
@@ -356,6 +368,18 @@ async def client_workloads(cluster: LocalCluster, p: dict[str, int],
     size = p["large_mib"] * MiB
     async with Client.connect(cluster.path) as c:
         await c.create_bucket(BUCKET)
+        log(f"warm-up: {p['warmup']} x 1 MiB put+get (not measured)")
+        warm = Errors()
+
+        async def warm_op(i: int) -> None:
+            data = medium_payload(-1 - i)
+            await c.put(BUCKET, f"w/{i:06d}", data)
+            if await c.get(BUCKET, f"w/{i:06d}") != data:
+                raise RuntimeError("warm-up read back different bytes")
+
+        await run_pool(p["warmup"], p["medium_conc"], warm_op, OP_TIMEOUT_S["medium"], warm)
+        if warm.n:
+            log(f"warm-up errors: {warm.n}: {warm.sample}")
         hashes: dict[int, str] = {}
         log("1 MiB put/get")
         rows += await medium_rows(c, p, "", hashes, do_put=True)
@@ -436,8 +460,9 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(f"[{time.perf_counter() - t_start:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
+    uvloop: Any
     try:
-        import uvloop  # type: ignore[import-not-found]
+        import uvloop
     except ImportError:
         uvloop = None
 

@@ -200,6 +200,21 @@ class LocalCluster:
         if self.path.exists():
             self.write()
 
+    def add_node_spec(self, role: str, zone: str = "", tier: str = "hot") -> NodeSpec:
+        """A new node of `role` with the next free id and port (not started)."""
+        prefix = "s" if role == "storage" else "c"
+        used = {int(i[1:]) for i in self.nodes if i.startswith(prefix) and i[1:].isdigit()}
+        num = max(used, default=0) + 1
+        spec = NodeSpec(f"{prefix}{num}", role, free_port(), str(self.dir / f"{prefix}{num}"),
+                        zone, tier)
+        self.nodes[spec.id] = spec
+        return spec
+
+    def forget_node(self, node_id: str) -> None:
+        self.stop_node(node_id)
+        del self.nodes[node_id]
+        self.write()
+
     # ---- the cluster map --------------------------------------------------------------
     def initial_map(self) -> ClusterMap:
         def node(n: NodeSpec) -> Node:

@@ -125,6 +125,46 @@ async def cmd_status(c: Client, a: argparse.Namespace) -> int:
     return 0 if all(r["up"] for r in rows) else 3
 
 
+async def cmd_scrub(c: Client, a: argparse.Namespace) -> int:
+    """POST /v1/scrub to one storage node, or to each in turn; a full pass on each."""
+    from store.errors import NotFound
+
+    cmap = await c.cluster_map()
+    if a.node:
+        try:
+            nodes = [cmap.storage_node(a.node)]
+        except KeyError:
+            known = ", ".join(n.id for n in cmap.all_storage_nodes())
+            raise NotFound(f"no storage node {a.node!r} in the cluster map "
+                           f"(storage nodes: {known})") from None
+    else:
+        nodes = list(cmap.all_storage_nodes())
+    results: list[dict[str, Any]] = []
+    for node in nodes:
+        if not a.json:
+            err.print(f"scrubbing {node.id} ({node.address})", highlight=False)
+        try:
+            reply = await c.t.request("POST", node.address, "/v1/scrub", timeout_s=3600)
+        except EcstoreError as exc:
+            if a.node:
+                raise
+            results.append({"node": node.id, "error": exc.message})
+            if not a.json:
+                err.print(f"[red]error:[/] {node.id}: {exc.message}", highlight=False)
+            continue
+        r = {"node": node.id, **json.loads(reply.body)}
+        results.append(r)
+        if not a.json:
+            out.print(f"{node.id}: checked {r['checked']} fragments "
+                      f"({human(r['bytes_checked'])}), {len(r['corrupt'])} corrupt",
+                      highlight=False)
+            for fid in r["corrupt"]:
+                out.print(f"  quarantined {fid}", highlight=False)
+    if a.json:
+        print(json.dumps({"nodes": results}, indent=2))
+    return 1 if any("error" in r for r in results) else 0
+
+
 def human(n: int | None) -> str:
     if n is None:
         return ""
@@ -351,10 +391,17 @@ def parser() -> argparse.ArgumentParser:
     down = clsub.add_parser("down", help="stop a detached local cluster")
     down.add_argument("--data", default=".ecstore")
     down.set_defaults(func=cmd_cluster_down)
+    from cli import ops
+    ops.register_cluster(clsub)
 
     st = sub.add_parser("status", help="every node: up or down, fragments, bytes, epoch")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=with_client(cmd_status))
+    sc = sub.add_parser("scrub", help="check every fragment of a storage node now, "
+                        "quarantine corrupt ones")
+    sc.add_argument("--node", help="storage node id (default: every storage node in turn)")
+    sc.add_argument("--json", action="store_true")
+    sc.set_defaults(func=with_client(cmd_scrub))
     for name, fn, helptext in (("mb", cmd_mb, "make a bucket"), ("rb", cmd_rb, "remove an empty bucket")):
         sp = sub.add_parser(name, help=helptext)
         sp.add_argument("bucket")
@@ -382,6 +429,8 @@ def parser() -> argparse.ArgumentParser:
     rm = sub.add_parser("rm", help="delete BUCKET/KEY")
     rm.add_argument("path", metavar="BUCKET/KEY")
     rm.set_defaults(func=with_client(cmd_rm))
+    from cli import ops
+    ops.register(sub, with_client)
     rp = sub.add_parser("repair", help="rebuild missing or corrupt fragments from any k others")
     rp.add_argument("--dry-run", action="store_true", help="report what is missing, write nothing")
     rp.add_argument("--rate", type=float, default=0.0, metavar="MB/s",
@@ -389,6 +438,7 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--restart", action="store_true", help="ignore a saved position, start over")
     rp.add_argument("--json", action="store_true")
     rp.set_defaults(func=with_client(cmd_repair))
+    __import__("cli.gc_cmd").gc_cmd.register(sub)
     return p
 
 

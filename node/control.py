@@ -75,7 +75,10 @@ async def get_object(request: web.Request) -> web.Response:
 
 
 async def purge_object(request: web.Request) -> web.Response:
-    """Drop a tombstone (garbage collection); refuses to drop a live record."""
+    """Drop a tombstone (garbage collection); refuses to drop a live record.
+
+    With `?version_id=V` only that tombstone is dropped: 409 if the record is another one.
+    """
     bucket, key = _names(request)
     k = object_key(bucket, key)
     record = request.app[DB].get(k)
@@ -83,6 +86,9 @@ async def purge_object(request: web.Request) -> web.Response:
         raise NotFound(f"no record for {bucket}/{key}")
     if not record.get("deleted"):
         raise Conflict("only tombstones can be purged")
+    want = request.query.get("version_id")
+    if want is not None and record.get("version_id") != want:
+        raise Conflict(f"the record of {bucket}/{key} is not version {want}")
     request.app[DB].delete(k)
     return web.Response(status=204)
 

@@ -4,6 +4,10 @@ A fragment file is: b"ECF1", a 4-byte big-endian header length, a msgpack header
 ({"checksum": sha256 hex of the body, "size": body bytes, "meta": {...}}), the body.
 Files are written to tmp/, fsynced, then renamed into place, so a crash never leaves a
 half fragment under its real name. Paths are derived from validated fragment ids only.
+
+A fragment that fails its checksum (found by a read or by the scrubber, node/scrub.py) is
+quarantined: moved to quarantine/ under its id (`{fid}~{ns}` if that name is taken), kept
+for inspection, never served again and no longer listed, so repair sees it missing.
 """
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ import hashlib
 import os
 import re
 import struct
+import threading
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +28,7 @@ from store.wire import pack, unpack
 
 MAGIC = b"ECF1"
 MAX_HEADER_BYTES = 64 * 1024
+QUARANTINE_SEPARATOR = "~"  # never in a fragment id: `{fid}~{ns}` for a second copy
 FRAGMENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
 
 
@@ -52,7 +59,10 @@ class FragmentStore:
             d.mkdir(parents=True, exist_ok=True)
         for leftover in self.tmp.iterdir():  # half-written files of a crash
             leftover.unlink(missing_ok=True)
+        # guards renames into and out of fragments/ with the counts they change
+        self._lock = threading.Lock()
         self.count, self.bytes = self._scan()
+        self.quarantined = sum(1 for _ in self.quarantine.iterdir())
 
     def path(self, fid: str) -> Path:
         return self.root / f"{hash64(fid.encode()) >> 56:02x}" / check_fragment_id(fid)
@@ -80,38 +90,78 @@ class FragmentStore:
                 if self.fsync:
                     os.fsync(f.fileno())
             final.parent.mkdir(exist_ok=True)
-            old = final.stat().st_size if final.exists() else None
-            os.replace(tmp, final)
+            with self._lock:
+                old = final.stat().st_size if final.exists() else None
+                os.replace(tmp, final)
+                new_size = final.stat().st_size
+                if old is None:
+                    self.count += 1
+                    self.bytes += new_size
+                else:
+                    self.bytes += new_size - old
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             if exc.errno == 28:  # ENOSPC
                 raise InsufficientStorage("no space left on device") from None
             raise
-        new_size = final.stat().st_size
-        if old is None:
-            self.count += 1
-            self.bytes += new_size
-        else:
-            self.bytes += new_size - old
         return old is not None
 
     def read(self, fid: str, verify: bool = True) -> Fragment:
-        """Read and verify one fragment; NotFound or Corrupt."""
+        """Read and verify one fragment; NotFound, or Corrupt after quarantining it."""
+        raw, inode = self.read_raw(fid)
         try:
-            raw = self.path(fid).read_bytes()
+            return parse_fragment(fid, raw, verify)
+        except Corrupt:
+            self.quarantine_fragment(fid, inode)
+            raise
+
+    def read_raw(self, fid: str) -> tuple[bytes, int]:
+        """The whole file of a fragment, unchecked, and its inode number; NotFound."""
+        try:
+            with open(self.path(fid), "rb") as f:
+                return f.read(), os.fstat(f.fileno()).st_ino
         except FileNotFoundError:
             raise NotFound(f"fragment {fid} not found") from None
-        return parse_fragment(fid, raw, verify)
+
+    def quarantine_fragment(self, fid: str, inode: int | None = None) -> bool:
+        """Move a fragment file into quarantine/; True if moved.
+
+        With `inode`, only the file that was read is moved: if a put replaced it since
+        (a repair), the new file stays. False when the file is gone or was replaced.
+        """
+        path = self.path(fid)
+        with self._lock:
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                return False
+            if inode is not None and st.st_ino != inode:
+                return False
+            dest = self.quarantine / fid
+            if dest.exists():
+                dest = self.quarantine / f"{fid}{QUARANTINE_SEPARATOR}{time.time_ns()}"
+            os.replace(path, dest)
+            self.count -= 1
+            self.bytes -= st.st_size
+            self.quarantined += 1
+        return True
+
+    def quarantined_ids(self) -> list[str]:
+        """Sorted ids of quarantined fragments that have no good copy here again."""
+        ids = {n.split(QUARANTINE_SEPARATOR, 1)[0] for n in os.listdir(self.quarantine)}
+        return sorted(fid for fid in ids if FRAGMENT_ID_RE.match(fid) and ".." not in fid
+                      and not self.path(fid).exists())
 
     def delete(self, fid: str) -> None:
         path = self.path(fid)
-        try:
-            size = path.stat().st_size
-            path.unlink()
-        except FileNotFoundError:
-            raise NotFound(f"fragment {fid} not found") from None
-        self.count -= 1
-        self.bytes -= size
+        with self._lock:
+            try:
+                size = path.stat().st_size
+                path.unlink()
+            except FileNotFoundError:
+                raise NotFound(f"fragment {fid} not found") from None
+            self.count -= 1
+            self.bytes -= size
 
     def list(self, after: str, limit: int) -> list[str]:
         """Fragment ids sorted, strictly after `after`, at most `limit`."""

@@ -1,4 +1,4 @@
-"""Storage node: fragment put, get, head, delete, listing and status over HTTP.
+"""Storage node: fragment put, get, head, delete, listing, status and scrub over HTTP.
 
 Routes (all signed with the cluster secret except /v1/health), see docs/PROTOCOL.md.
 """
@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -15,6 +17,15 @@ from typing import Any
 from aiohttp import web
 
 from node.fragments import FragmentStore
+from node.scrub import (
+    DEFAULT_SCRUB_PASS_INTERVAL_S,
+    DEFAULT_SCRUB_RATE_MB_S,
+    DEFAULT_SCRUB_START_DELAY_S,
+    Scrubber,
+    ScrubStats,
+    scrub_loop,
+    scrub_now,
+)
 from node.server import make_base_app, run, secret_from_env
 from store.auth import CHECKSUM_HEADER
 from store.errors import BadRequest
@@ -33,10 +44,16 @@ class StorageConfig:
     host: str = "127.0.0.1"
     port: int = 0
     fsync: bool = True
+    scrub_rate_mb_s: float = DEFAULT_SCRUB_RATE_MB_S  # background scrub; 0 = off
+    scrub_pass_interval_s: float = DEFAULT_SCRUB_PASS_INTERVAL_S
+    scrub_start_delay_s: float = DEFAULT_SCRUB_START_DELAY_S
 
 
+SCRUB_RATE_ENV = "ECSTORE_SCRUB_RATE_MB_S"
 STORE = web.AppKey("store", FragmentStore)
 CONFIG = web.AppKey("config", StorageConfig)
+SCRUB_STATS = web.AppKey("scrub_stats", ScrubStats)
+SCRUB_NOW_LOCK = web.AppKey("scrub_now_lock", asyncio.Lock)
 
 
 async def _in_thread(fn: Any, *args: Any) -> Any:
@@ -93,7 +110,23 @@ async def status(request: web.Request) -> web.Response:
     store, cfg = request.app[STORE], request.app[CONFIG]
     disk = await _in_thread(store.disk)
     return web.json_response({"node_id": cfg.node_id, "role": "storage",
-                              "fragments": store.count, "bytes": store.bytes, **disk})
+                              "fragments": store.count, "bytes": store.bytes, **disk,
+                              "quarantined": store.quarantined,
+                              "scrub": {**request.app[SCRUB_STATS].to_json(),
+                                        "rate_mb_s": cfg.scrub_rate_mb_s}})
+
+
+async def list_quarantine(request: web.Request) -> web.Response:
+    fids = await _in_thread(request.app[STORE].quarantined_ids)
+    return web.Response(body=pack({"fragments": fids}), content_type="application/msgpack")
+
+
+async def scrub(request: web.Request) -> web.Response:
+    """One whole pass now, at full speed; one at a time per node."""
+    async with request.app[SCRUB_NOW_LOCK]:
+        r = await _in_thread(scrub_now, request.app[STORE], request.app[SCRUB_STATS])
+    return web.json_response({"checked": r.checked, "bytes_checked": r.bytes_checked,
+                              "corrupt": r.corrupt})
 
 
 async def health(request: web.Request) -> web.Response:
@@ -106,16 +139,34 @@ def make_app(config: StorageConfig) -> web.Application:
     app = make_base_app(config.secret, MAX_FRAGMENT_BYTES)
     app[CONFIG] = config
 
+    app[SCRUB_STATS] = ScrubStats()
+
     async def open_store(app: web.Application) -> AsyncIterator[None]:
         app[STORE] = await _in_thread(FragmentStore, config.data_dir, config.fsync)
+        app[SCRUB_NOW_LOCK] = asyncio.Lock()
         yield
 
+    async def background_scrub(app: web.Application) -> AsyncIterator[None]:
+        if config.scrub_rate_mb_s <= 0:
+            yield
+            return
+        task = asyncio.create_task(scrub_loop(
+            Scrubber(app[STORE], app[SCRUB_STATS]), config.scrub_rate_mb_s,
+            config.scrub_pass_interval_s, config.scrub_start_delay_s))
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
     app.cleanup_ctx.append(open_store)
+    app.cleanup_ctx.append(background_scrub)
     fid = "/v1/fragments/{fid}"
     app.add_routes([
         web.get("/v1/health", health),
         web.get("/v1/status", status),
         web.get("/v1/fragments", list_fragments),
+        web.get("/v1/quarantine", list_quarantine),
+        web.post("/v1/scrub", scrub),
         web.put(fid, put_fragment),
         web.get(fid, get_fragment, allow_head=False),
         web.head(fid, head_fragment),
@@ -131,9 +182,28 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--no-fsync", action="store_true")
+    p.add_argument("--scrub-rate-mb-s", type=float, default=_env_rate(),
+                   help=f"background scrub read rate, 0 = off (default ${SCRUB_RATE_ENV}, "
+                   f"else {DEFAULT_SCRUB_RATE_MB_S})")
+    p.add_argument("--scrub-interval-s", type=float, default=DEFAULT_SCRUB_PASS_INTERVAL_S,
+                   help="rest between background scrub passes, seconds")
     a = p.parse_args(argv)
-    cfg = StorageConfig(a.id, a.data, secret_from_env(), a.host, a.port, not a.no_fsync)
+    if a.scrub_rate_mb_s < 0 or a.scrub_interval_s < 0:
+        p.error("--scrub-rate-mb-s and --scrub-interval-s must not be negative")
+    cfg = StorageConfig(a.id, a.data, secret_from_env(), a.host, a.port, not a.no_fsync,
+                        scrub_rate_mb_s=a.scrub_rate_mb_s,
+                        scrub_pass_interval_s=a.scrub_interval_s)
     run(make_app(cfg), cfg.host, cfg.port)
+
+
+def _env_rate() -> float:
+    text = os.environ.get(SCRUB_RATE_ENV, "")
+    if not text:
+        return DEFAULT_SCRUB_RATE_MB_S
+    try:
+        return float(text)
+    except ValueError:
+        raise SystemExit(f"{SCRUB_RATE_ENV} must be a number of MB/s, got {text!r}") from None
 
 
 if __name__ == "__main__":

@@ -48,6 +48,10 @@ class ClusterMap:
         write_quorum: W, acks needed for a metadata write.
         read_quorum: replies needed for a metadata read.
         inline_max_bytes: objects up to this size are stored inline in metadata.
+        previous_storage_rings: the storage rings of the epoch before the last ring
+            change, so that a reader can look where a fragment was before a rebalance
+            moved it (empty when there was no ring change).
+        previous_epoch: the epoch those rings belong to (0 when none).
     """
 
     epoch: int
@@ -59,6 +63,8 @@ class ClusterMap:
     write_quorum: int = 2
     read_quorum: int = 2
     inline_max_bytes: int = 64 * 1024
+    previous_storage_rings: tuple[Ring, ...] = ()
+    previous_epoch: int = 0
 
     # ------------------------------------------------------------ invariants
     def check(self) -> None:
@@ -182,6 +188,24 @@ class ClusterMap:
         new.check()
         return new
 
+    def with_storage_ring(self, ring: Ring) -> "ClusterMap":
+        """A new epoch where `ring` replaces the ring of its tier; the old rings are kept
+        as the previous placement (for readers during a rebalance)."""
+        rings = tuple(ring if r.tier == ring.tier else r for r in self.storage_rings)
+        if ring.tier not in {r.tier for r in self.storage_rings}:
+            rings = rings + (ring,)
+        return self.bump(storage_rings=rings, previous_storage_rings=self.storage_rings,
+                         previous_epoch=self.epoch)
+
+    def previous_fragment_node(self, policy: Policy, version_id: str, segment_index: int,
+                               index: int) -> Node | None:
+        """Where the previous epoch put fragment `index`, or None (no previous ring, or
+        the previous ring had too few nodes)."""
+        for ring in self.previous_storage_rings:
+            if ring.tier == policy.tier and len(ring.nodes) >= policy.n:
+                return ring.locate(f"{version_id}/{segment_index}", policy.n)[index]
+        return None
+
     @staticmethod
     def initial(
         storage_nodes: Iterable[Node],
@@ -225,13 +249,15 @@ class ClusterMap:
             "write_quorum": self.write_quorum,
             "read_quorum": self.read_quorum,
             "inline_max_bytes": self.inline_max_bytes,
+            "previous_storage_rings": [r.to_dict() for r in self.previous_storage_rings],
+            "previous_epoch": self.previous_epoch,
         }
 
     @staticmethod
     def from_dict(d: object) -> "ClusterMap":
         """Build and check a map from ``to_dict`` output.  Raises ValueError."""
         required = set(_FIELDS) | {"format", "epoch", "storage_rings", "control", "policies"}
-        f = fields("cluster map", d, required, set())
+        f = fields("cluster map", d, required, {"previous_storage_rings", "previous_epoch"})
         if f["format"] != FORMAT_VERSION:
             raise ValueError(f"unsupported cluster map format {f['format']!r}")
         for key in ("storage_rings", "policies"):
@@ -243,6 +269,9 @@ class ClusterMap:
             control=Ring.from_dict(f["control"]),
             policies=tuple(Policy.from_dict(p) for p in f["policies"]),
             **{k: f[k] for k in _FIELDS},
+            previous_storage_rings=tuple(Ring.from_dict(r)
+                                         for r in f.get("previous_storage_rings") or ()),
+            previous_epoch=int(f.get("previous_epoch", 0)),
         )
         cmap.check()
         return cmap

@@ -39,6 +39,7 @@ MAX_INFLIGHT_SEGMENTS = 4      # put pipeline depth: memory ~ this x segment x (
 READAHEAD_SEGMENTS = 2         # get stream read-ahead
 MAX_USER_META_BYTES = 2048
 BUCKET_CACHE_TTL_S = 5.0
+MAP_TTL_S = 2.0                # how long a client trusts its cluster map before asking again
 T = TypeVar("T")
 Source = bytes | bytearray | memoryview | str | os.PathLike[str] | BinaryIO | AsyncIterator[bytes]
 
@@ -77,6 +78,8 @@ class Client:
         self.background: set[asyncio.Future[Any]] = set()
         self.meta = MetaQuorum(self.t, self.background)
         self._map: ClusterMap | None = None
+        self._map_at = 0.0
+        self._map_fetch: asyncio.Future[ClusterMap] | None = None
         self._buckets_seen: dict[str, float] = {}
 
     @classmethod
@@ -97,17 +100,53 @@ class Client:
 
     # ---- cluster map -------------------------------------------------------------
     async def cluster_map(self, refresh: bool = False) -> ClusterMap:
-        """The newest map any control node holds (cached until refresh)."""
-        if self._map is not None and not refresh:
+        """The newest map any control node holds, fetched again after MAP_TTL_S."""
+        fresh = time.monotonic() - self._map_at < MAP_TTL_S
+        if self._map is not None and fresh and not refresh:
             return self._map
-        maps = await asyncio.gather(*(self._fetch_map(url) for url in self.info.control),
+        if self._map_fetch is None or self._map_fetch.done():
+            self._map_fetch = asyncio.ensure_future(self._fetch_newest_map())
+        try:
+            return await asyncio.shield(self._map_fetch)
+        except Unavailable:
+            if self._map is not None and not refresh:
+                return self._map  # keep working on the last map while control nodes are away
+            raise
+
+    async def _fetch_newest_map(self) -> ClusterMap:
+        urls = {*self.info.control}
+        if self._map is not None:
+            urls |= {n.address for n in self._map.control.nodes}
+        maps = await asyncio.gather(*(self._fetch_map(url) for url in sorted(urls)),
                                     return_exceptions=True)
         good = [m for m in maps if isinstance(m, ClusterMap)]
         if not good:
             raise Unavailable("no control node answered with a cluster map",
                               tried=len(maps), failed=len(maps))
-        self._map = max(good, key=lambda m: m.epoch)
+        best = max(good, key=lambda m: m.epoch)
+        if self._map is None or best.epoch >= self._map.epoch:
+            self._map = best
+        self._map_at = time.monotonic()
         return self._map
+
+    async def publish_map(self, new: ClusterMap) -> list[str]:
+        """Give `new` to every control node (old and new); a majority of the new map's
+        control nodes must accept it. Returns the ids of nodes that did not."""
+        old = await self.cluster_map(refresh=True)
+        if new.epoch <= old.epoch:
+            raise Conflict(f"map epoch {new.epoch} is not newer than {old.epoch}")
+        nodes = {n.id: n for n in (*old.control.nodes, *new.control.nodes)}
+        body = new.to_bytes()
+        results = await asyncio.gather(*(
+            self.t.request("PUT", n.address, "/v1/map", body=body, timeout_s=10.0)
+            for n in nodes.values()), return_exceptions=True)
+        failed = [i for i, r in zip(nodes, results) if isinstance(r, BaseException)]
+        accepted = sum(1 for n in new.control.nodes if n.id not in failed)
+        if accepted < len(new.control.nodes) // 2 + 1:
+            raise Unavailable(f"only {accepted} of {len(new.control.nodes)} control nodes took "
+                              f"map epoch {new.epoch}", tried=len(nodes), failed=len(failed))
+        self._map, self._map_at = new, time.monotonic()
+        return failed
 
     async def _fetch_map(self, url: str) -> ClusterMap:
         reply = await self.t.request("GET", url, "/v1/map", timeout_s=5.0)
@@ -345,16 +384,24 @@ class Client:
     async def read_segment(self, cmap: ClusterMap, record: dict[str, Any], seg: int) -> bytes:
         """Decode one segment from the first k good fragments (data ones first)."""
         k, m = record["k"], record["m"]
-        nodes = self._fragment_nodes(cmap, record, seg)
+        nodes = expected_fragment_nodes(cmap, record, seg)
         vid = record["version_id"]
         good: dict[int, bytes] = {}
         errors: list[str] = []
 
         async def fetch(i: int) -> None:
+            fid = fragment_id(vid, seg, i)
             try:
-                good[i] = await self._get_fragment(nodes[i], fragment_id(vid, seg, i))
+                good[i] = await self._get_fragment(nodes[i], fid)
+                return
             except EcstoreError as exc:
                 errors.append(f"{nodes[i].id}/{i}: {exc.code}")
+            prev = self._previous_node(cmap, record, seg, i)
+            if prev is not None and prev.id != nodes[i].id:  # not moved yet by a rebalance
+                try:
+                    good[i] = await self._get_fragment(prev, fid)
+                except EcstoreError as exc:
+                    errors.append(f"{prev.id}/{i}: {exc.code}")
 
         await asyncio.gather(*(fetch(i) for i in range(k)))
         if len(good) < k:  # degraded read: ask the parity fragments
@@ -366,16 +413,12 @@ class Client:
         chosen = [good[i] for i in sorted(good)[:k]]
         return codec.decode(k, m, record["ec_type"], chosen)
 
-    def _fragment_nodes(self, cmap: ClusterMap, record: dict[str, Any], seg: int) -> list[Node]:
-        pol = Policy(name=record["policy"], k=record["k"], m=record["m"],
-                     ec_type=record["ec_type"], segment_size_bytes=record["segment_size"],
-                     tier=cmap.policy(record["policy"]).tier)
-        nodes = list(cmap.fragment_nodes(pol, record["version_id"], seg))
-        for idx_key, node_id in (record.get("handoffs") or {}).items():
-            s, i = idx_key.split(".")
-            if int(s) == seg:
-                nodes[int(i)] = cmap.storage_node(node_id)
-        return nodes
+    def _previous_node(self, cmap: ClusterMap, record: dict[str, Any], seg: int,
+                       i: int) -> Node | None:
+        if f"{seg}.{i}" in (record.get("handoffs") or {}):
+            return None
+        return cmap.previous_fragment_node(record_policy(cmap, record), record["version_id"],
+                                           seg, i)
 
     async def _get_fragment(self, node: Node, fid: str) -> bytes:
         reply = await self.t.request("GET", node.address, f"/v1/fragments/{fid}",
@@ -430,6 +473,23 @@ class Client:
 
         roles = ["control"] * len(cmap.control.nodes) + ["storage"] * (len(nodes) - len(cmap.control.nodes))
         return list(await asyncio.gather(*(one(n, r) for n, r in zip(nodes, roles))))
+
+
+def expected_fragment_nodes(cmap: ClusterMap, record: dict[str, Any], seg: int) -> list[Node]:
+    """The node a reader asks for each fragment index of one segment (handoffs applied)."""
+    nodes = list(cmap.fragment_nodes(record_policy(cmap, record), record["version_id"], seg))
+    for idx_key, node_id in (record.get("handoffs") or {}).items():
+        s, i = idx_key.split(".")
+        if int(s) == seg:
+            nodes[int(i)] = cmap.storage_node(node_id)
+    return nodes
+
+
+def record_policy(cmap: ClusterMap, record: dict[str, Any]) -> Policy:
+    """The policy an object was written with (its record is the truth, not the map)."""
+    return Policy(name=record["policy"], k=record["k"], m=record["m"],
+                  ec_type=record["ec_type"], segment_size_bytes=record["segment_size"],
+                  tier=cmap.policy(record["policy"]).tier)
 
 
 def _meta_path(bucket: str, key: str) -> str:

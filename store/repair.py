@@ -17,9 +17,8 @@ from typing import Any
 
 from placement.cluster_map import ClusterMap
 from placement.nodes import Node
-from placement.policy import Policy
 from store import codec
-from store.client import Client
+from store.client import Client, expected_fragment_nodes
 from store.errors import EcstoreError, NotFound
 from store.striping import fragment_id
 from store.wire import unpack
@@ -53,15 +52,7 @@ class ObjectPlan:
 
 def expected_nodes(cmap: ClusterMap, record: dict[str, Any], seg: int) -> list[Node]:
     """The node a reader looks at for each fragment index of one segment."""
-    pol = Policy(name=record["policy"], k=record["k"], m=record["m"], ec_type=record["ec_type"],
-                 segment_size_bytes=record["segment_size"],
-                 tier=cmap.policy(record["policy"]).tier)
-    nodes = list(cmap.fragment_nodes(pol, record["version_id"], seg))
-    for idx_key, node_id in (record.get("handoffs") or {}).items():
-        s, i = idx_key.split(".")
-        if int(s) == seg:
-            nodes[int(i)] = cmap.storage_node(node_id)
-    return nodes
+    return expected_fragment_nodes(cmap, record, seg)
 
 
 def plan_object(cmap: ClusterMap, bucket: str, key: str, record: dict[str, Any],
@@ -148,6 +139,32 @@ class RateLimiter:
             await asyncio.sleep(ahead_s)
 
 
+class Checkpoint:
+    """How far a resumable pass over sorted (bucket, key) got, in a small JSON file."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+
+    def load(self) -> tuple[str, str]:
+        if self.path is None or not self.path.exists():
+            return ("", "")
+        try:
+            data = json.loads(self.path.read_text())
+            return (str(data["bucket"]), str(data["key"]))
+        except (ValueError, KeyError):
+            return ("", "")
+
+    def save(self, bucket: str, key: str) -> None:
+        if self.path is not None:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"bucket": bucket, "key": key}))
+            tmp.replace(self.path)
+
+    def finish(self) -> None:
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+
+
 class RepairWorker:
     """Repairs one object per step(); resumable through a state file."""
 
@@ -157,30 +174,14 @@ class RepairWorker:
         self.c, self.cmap, self.listings = c, cmap, listings
         self.dry_run = dry_run
         self.limiter = RateLimiter(rate_mb_s)
-        self.state_path = state_path
-        done_upto = self._load_state()
+        self.checkpoint = Checkpoint(None if dry_run else state_path)
+        done_upto = self.checkpoint.load()
         self.todo = [r for r in records if (r[0], r[1]) > done_upto]
         self.skipped = len(records) - len(self.todo)
         self.report = RepairReport()
 
-    def _load_state(self) -> tuple[str, str]:
-        if self.state_path is None or not self.state_path.exists():
-            return ("", "")
-        try:
-            data = json.loads(self.state_path.read_text())
-            return (str(data["bucket"]), str(data["key"]))
-        except (ValueError, KeyError):
-            return ("", "")
-
-    def _save_state(self, bucket: str, key: str) -> None:
-        if self.state_path is not None and not self.dry_run:
-            tmp = self.state_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"bucket": bucket, "key": key}))
-            tmp.replace(self.state_path)
-
     def finish(self) -> None:
-        if self.state_path is not None and not self.dry_run:
-            self.state_path.unlink(missing_ok=True)
+        self.checkpoint.finish()
 
     @property
     def remaining(self) -> int:
@@ -201,7 +202,7 @@ class RepairWorker:
         if not self.dry_run:
             for seg in plan.segments:
                 await self._repair_segment(plan, seg)
-        self._save_state(bucket, key)
+        self.checkpoint.save(bucket, key)
         return True
 
     async def _repair_segment(self, plan: ObjectPlan, seg: SegmentRepair) -> None:

@@ -1,0 +1,267 @@
+"""`ecstore ring ...`, `ecstore rebalance` and `ecstore cluster add-node/remove-node`."""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.progress import BarColumn, DownloadColumn, Progress
+from rich.table import Table
+
+from placement.cluster_map import ClusterMap
+from placement.nodes import Node
+from store.client import MAP_TTL_S, Client
+from store.cluster import cluster_path
+from store.errors import BadRequest, NotFound
+
+
+def ring_rows(cmap: ClusterMap) -> list[dict[str, Any]]:
+    rows = []
+    for ring in cmap.storage_rings:
+        n = max((p.n for p in cmap.policies if p.tier == ring.tier), default=1)
+        share = ring.share(min(n, len(ring.nodes)))
+        for node in ring.nodes:
+            rows.append({"ring": ring.tier, "id": node.id, "url": node.address,
+                         "zone": node.zone, "tier": node.tier, "weight": node.weight,
+                         "share": round(share.get(node.id, 0.0), 4)})
+    share = cmap.control.share(cmap.effective_replicas)
+    for node in cmap.control.nodes:
+        rows.append({"ring": "control", "id": node.id, "url": node.address, "zone": node.zone,
+                     "tier": "", "weight": node.weight,
+                     "share": round(share.get(node.id, 0.0), 4)})
+    return rows
+
+
+async def cmd_ring_show(c: Client, a: argparse.Namespace) -> int:
+    from cli.main import out
+    cmap = await c.cluster_map(refresh=True)
+    rows = ring_rows(cmap)
+    if a.json:
+        print(json.dumps({"epoch": cmap.epoch, "previous_epoch": cmap.previous_epoch,
+                          "policies": [p.to_dict() for p in cmap.policies], "nodes": rows},
+                         indent=2))
+        return 0
+    t = Table(title=f"cluster map epoch {cmap.epoch}", box=None)
+    for col in ("ring", "node", "zone", "weight", "share", "url"):
+        t.add_column(col, no_wrap=True, justify="right" if col in ("weight", "share") else "left")
+    for r in rows:
+        t.add_row(r["ring"], r["id"], r["zone"], f"{r['weight']:g}", f"{100 * r['share']:.1f}%",
+                  r["url"])
+    out.print(t)
+    for p in cmap.policies:
+        out.print(f"policy {p.name}: {p.k}+{p.m} {p.ec_type}, "
+                  f"{p.segment_size_bytes // 1024} KiB segments, tier {p.tier}", highlight=False)
+    return 0
+
+
+async def change_ring(c: Client, op: str, a: argparse.Namespace) -> ClusterMap:
+    """Apply one ring change to the newest map, publish it, return it."""
+    cmap = await c.cluster_map(refresh=True)
+    try:
+        if op == "add":
+            node = Node(id=a.id, address=a.url, weight=a.weight, zone=a.zone or a.id,
+                        tier=a.tier)
+            node.check()
+            if any(n.id == a.id for n in cmap.all_storage_nodes()):
+                raise BadRequest(f"node {a.id} is already in the map")
+            try:
+                ring = cmap.storage_ring(a.tier)
+                new_ring, _ = ring.add(node)
+            except KeyError:
+                from placement.ring import Ring
+                new_ring = Ring.build([node], cmap.storage_rings[0].part_power, tier=a.tier)
+        else:
+            holder = next((r for r in cmap.storage_rings if any(n.id == a.id for n in r.nodes)),
+                          None)
+            if holder is None:
+                raise NotFound(f"no storage node {a.id} in the map "
+                               "(control ring changes are not supported yet)")
+            if op == "remove":
+                new_ring, _ = holder.remove(a.id)
+            elif op == "reweight":
+                new_ring, _ = holder.reweight(a.id, a.weight)
+            else:
+                new_ring, _ = holder.set_zone(a.id, a.zone)
+        new = cmap.with_storage_ring(new_ring)
+    except ValueError as exc:  # a change that leaves a policy unable to place k+m
+        raise BadRequest(f"refused: {exc}") from None
+    failed = await c.publish_map(new)
+    from cli.main import err
+    err.print(f"map epoch {cmap.epoch} -> {new.epoch}"
+              + (f" (not reached: {', '.join(failed)})" if failed else ""))
+    return new
+
+
+def ring_command(op: str) -> Any:
+    async def run(c: Client, a: argparse.Namespace) -> int:
+        await change_ring(c, op, a)
+        return 0
+    return run
+
+
+async def cmd_rebalance(c: Client, a: argparse.Namespace) -> int:
+    from cli.main import err, human, out
+    from store.rebalance import prepare_rebalance
+
+    state = cluster_path(a.cluster).parent / "rebalance.state.json"
+    err.print("reading metadata and fragment listings ...")
+    w = await prepare_rebalance(c, a.dry_run, a.rate, state)
+    if w.resumed_after:
+        err.print(f"resuming: {w.resumed_after} objects were done by an earlier run")
+    total = w.remaining
+    show = err.is_terminal and not a.json
+    with Progress("{task.description}", BarColumn(), "{task.completed}/{task.total} objects",
+                  DownloadColumn(), console=err, transient=True, disable=not show) as progress:
+        task = progress.add_task("rebalance", total=total)
+        while await w.step():
+            progress.update(task, completed=total - w.remaining,
+                            description=f"rebalance: {w.report.moved} moved, "
+                                        f"{human(w.report.bytes_moved)}")
+    w.report.seconds = time.monotonic() - w.limiter.start
+    w.finish()
+    rep = w.report.to_dict()
+    if a.json:
+        print(json.dumps(rep, indent=2))
+    else:
+        t = Table(title="rebalance" + (" (dry run: would move)" if a.dry_run else ""), box=None)
+        t.add_column("")
+        t.add_column("count", justify="right")
+        for name in ("objects_checked", "moved", "skipped", "failed"):
+            t.add_row(name.replace("_", " "), str(rep[name]))
+        t.add_row("bytes moved", human(rep["bytes_moved"]))
+        out.print(t)
+        for e in rep["errors"]:
+            err.print(f"[yellow]warning:[/] {e}", highlight=False)
+    return 1 if rep["failed"] else 0
+
+
+DRAIN_PASSES = 5
+
+
+def cmd_add_node(a: argparse.Namespace) -> int:
+    import asyncio
+
+    from cli.localcluster import LocalCluster
+    from cli.main import err
+    from store.cluster import ClusterInfo
+
+    if a.role != "storage":
+        raise BadRequest("only --role storage can be added for now: moving metadata to a new "
+                         "control node is not built yet")
+    cluster = LocalCluster.load(Path(a.data))
+    spec = cluster.add_node_spec(a.role, a.zone, a.tier)
+    cluster.start_node(spec.id)
+    cluster.write()
+    cluster.wait_healthy([spec.id])
+
+    async def add() -> None:
+        c = Client(ClusterInfo.load(cluster.path))
+        try:
+            ns = argparse.Namespace(id=spec.id, url=spec.url, weight=a.weight,
+                                    zone=a.zone or spec.id, tier=a.tier)
+            await change_ring(c, "add", ns)
+        finally:
+            await c.close()
+    try:
+        asyncio.run(add())
+    except Exception:
+        cluster.forget_node(spec.id)
+        raise
+    err.print(f"started {spec.id} at {spec.url}; run `ecstore rebalance` to move data onto it")
+    return 0
+
+
+def cmd_remove_node(a: argparse.Namespace) -> int:
+    import asyncio
+
+    from cli.localcluster import LocalCluster
+    from cli.main import err
+    from store.cluster import ClusterInfo
+    from store.rebalance import prepare_rebalance
+
+    cluster = LocalCluster.load(Path(a.data))
+    if a.id not in cluster.nodes:
+        raise NotFound(f"no node {a.id} in {cluster.path}")
+
+    async def drain() -> int:
+        c = Client(ClusterInfo.load(cluster.path))
+        try:
+            cmap = await c.cluster_map(refresh=True)
+            if any(n.id == a.id for n in cmap.all_storage_nodes()):
+                await change_ring(c, "remove", argparse.Namespace(id=a.id))
+            failed = 0
+            for attempt in range(1, DRAIN_PASSES + 1):
+                # writers with a map older than MAP_TTL_S may still place fragments on the
+                # node: wait them out, and pass again until a pass finds nothing to move
+                await asyncio.sleep(MAP_TTL_S + 0.5)
+                w = await prepare_rebalance(c)
+                total = w.remaining
+                while await w.step():
+                    err.print(f"\rdraining {a.id} (pass {attempt}): {total - w.remaining}/"
+                              f"{total} objects, {w.report.moved} fragments moved", end="")
+                err.print("")
+                failed = w.report.failed
+                if w.report.moved == 0 and not failed:
+                    break
+            return failed
+        finally:
+            await c.close()
+    failed = asyncio.run(drain())
+    if failed:
+        raise BadRequest(f"{failed} fragments could not be moved off {a.id}; it keeps "
+                         "running: fix the cause and run the command again")
+    cluster.forget_node(a.id)
+    err.print(f"drained and stopped {a.id}")
+    return 0
+
+
+def register_cluster(csub: Any) -> None:
+    add = csub.add_parser("add-node", help="start one more node and add it to the map")
+    add.add_argument("--data", default=".ecstore")
+    add.add_argument("--role", choices=["storage", "control"], default="storage")
+    add.add_argument("--zone", default="")
+    add.add_argument("--tier", default="hot")
+    add.add_argument("--weight", type=float, default=1.0)
+    add.set_defaults(func=cmd_add_node)
+    rm = csub.add_parser("remove-node", help="drain a node (rebalance off it), then stop it")
+    rm.add_argument("--data", default=".ecstore")
+    rm.add_argument("id")
+    rm.set_defaults(func=cmd_remove_node)
+
+
+def register(sub: Any, with_client: Any) -> None:
+    ring = sub.add_parser("ring", help="show or change the cluster map's rings")
+    rs = ring.add_subparsers(dest="ring_command", required=True)
+    show = rs.add_parser("show", help="epoch, nodes with zone, weight, tier and share")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(func=with_client(cmd_ring_show))
+    add = rs.add_parser("add", help="add a storage node to its tier's ring")
+    add.add_argument("id")
+    add.add_argument("--url", required=True, help="the node's base URL")
+    add.add_argument("--zone", default="")
+    add.add_argument("--weight", type=float, default=1.0)
+    add.add_argument("--tier", default="hot")
+    add.set_defaults(func=with_client(ring_command("add")))
+    rm = rs.add_parser("remove", help="remove a storage node (then run rebalance)")
+    rm.add_argument("id")
+    rm.set_defaults(func=with_client(ring_command("remove")))
+    rw = rs.add_parser("reweight", help="change a node's weight")
+    rw.add_argument("id")
+    rw.add_argument("weight", type=float)
+    rw.set_defaults(func=with_client(ring_command("reweight")))
+    sz = rs.add_parser("set-zone", help="move a node to another zone")
+    sz.add_argument("id")
+    sz.add_argument("zone")
+    sz.set_defaults(func=with_client(ring_command("set-zone")))
+
+    rb = sub.add_parser("rebalance", help="move fragments to where the current map puts them")
+    rb.add_argument("--dry-run", action="store_true", help="report what would move")
+    rb.add_argument("--rate", type=float, default=0.0, metavar="MB/s",
+                    help="limit moved bytes per second (default: no limit)")
+    rb.add_argument("--json", action="store_true")
+    rb.set_defaults(func=with_client(cmd_rebalance))
+
+
+__all__ = ["register", "change_ring", "Path"]

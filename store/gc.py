@@ -1,0 +1,322 @@
+"""Garbage collection: remove fragments no live object needs, purge old tombstones.
+
+A fragment is garbage iff its version is not the version of any live record AND the
+version is older than the grace period (its creation time is in the version id). That
+one rule covers the fragments of puts that never committed, of overwritten versions
+and of deleted objects; a put still in flight is younger than the grace, so it is kept.
+
+Ordering matters (see `prepare_gc`): the fragment listings are gathered FIRST, then the
+clock is read, then the live records. Any version committed before its key's record is
+read is therefore seen as live, and a version that is neither live nor young belongs to
+a put that has been running for longer than the grace period: the grace must be longer
+than any put (the default, an hour, is).
+
+A tombstone is purged only once it is older than the grace and every one of its R
+control replicas holds exactly it (each replica is read directly); a replica that lacks
+it, or holds an older record, is sent the tombstone instead and the purge happens on a
+later run. The purge names the tombstone's version id, so a replica that received a newer
+record meanwhile refuses it.
+
+`plan_fragment_gc` and `plan_tombstone` are pure; `GcWorker.step()` does one batch.
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from placement.cluster_map import ClusterMap
+from placement.nodes import Node
+from store.client import Client
+from store.errors import EcstoreError, NotFound, Unavailable
+from store.metadata import META_TIMEOUT_S
+from store.repair import live_records, node_listing
+from store.transport import quote_key
+from store.wire import pack, unpack
+
+DEFAULT_GRACE_S = 3600.0
+FRAGMENT_BATCH = 64
+TOMBSTONE_BATCH = 32
+SCAN_PAGE = 10_000
+_FID = re.compile(r"^([0-9a-f]{32})\.\d+\.\d+$")
+
+
+# ---- pure decisions ---------------------------------------------------------------------
+def version_time_ns(version_id: str) -> int:
+    """The creation time (ns) a version id carries in its first 16 hex digits."""
+    return int(version_id[:16], 16)
+
+
+def fragment_version(fid: str) -> str | None:
+    """The version id of a fragment id, or None if it is not one of ours (then kept)."""
+    m = _FID.match(fid)
+    return m.group(1) if m else None
+
+
+def classify_fragment(fid: str, live_version_ids: set[str] | frozenset[str], cutoff_ns: int) -> str:
+    """'live', 'young', 'foreign' (kept) or 'garbage'."""
+    vid = fragment_version(fid)
+    if vid is None:
+        return "foreign"
+    if vid in live_version_ids:
+        return "live"
+    if version_time_ns(vid) >= cutoff_ns:
+        return "young"
+    return "garbage"
+
+
+def cutoff(now_ns: int, grace_s: float) -> int:
+    """Versions created strictly before this instant are older than the grace."""
+    return now_ns - int(grace_s * 1e9)
+
+
+def plan_fragment_gc(live_version_ids: set[str] | frozenset[str],
+                     listings: Mapping[str, Sequence[str] | set[str]],
+                     now_ns: int, grace_s: float) -> list[tuple[str, str]]:
+    """Every (node_id, fid) that is garbage, sorted: not live and older than the grace."""
+    limit = cutoff(now_ns, grace_s)
+    return [(node_id, fid) for node_id in sorted(listings) for fid in sorted(listings[node_id])
+            if classify_fragment(fid, live_version_ids, limit) == "garbage"]
+
+
+def _order(r: Mapping[str, Any]) -> tuple[int, str]:
+    return int(r["ts"]), str(r["version_id"])
+
+
+@dataclass(frozen=True)
+class TombstoneAction:
+    purge: tuple[str, ...] = ()      # replicas to drop the tombstone from (all of them)
+    write: tuple[str, ...] = ()      # replicas to send the tombstone to (repair first)
+    tombstone: dict[str, Any] | None = None
+    reason: str = ""
+
+
+def plan_tombstone(replicas: Sequence[str], answers: Mapping[str, dict[str, Any] | None],
+                   now_ns: int, grace_s: float) -> TombstoneAction:
+    """What to do with one key's tombstone, from what each replica holds (pure).
+
+    `answers` maps a replica id to its record (None: it has none); an unreachable replica
+    is absent. Purge only when every replica holds the same tombstone older than the grace.
+    """
+    present = [r for r in answers.values() if r is not None]
+    if not present:
+        return TombstoneAction(reason="gone")
+    best = max(present, key=_order)
+    if not best.get("deleted"):
+        return TombstoneAction(reason="live")
+    if int(best["ts"]) >= cutoff(now_ns, grace_s):
+        return TombstoneAction(tombstone=best, reason="young")
+    stale = tuple(n for n in replicas if n in answers
+                  and (answers[n] is None or _order(answers[n] or {}) < _order(best)))
+    if stale:
+        return TombstoneAction(write=stale, tombstone=best, reason="repair")
+    if any(n not in answers for n in replicas):
+        return TombstoneAction(tombstone=best, reason="unreachable")
+    return TombstoneAction(purge=tuple(replicas), tombstone=best, reason="purge")
+
+
+# ---- gathering --------------------------------------------------------------------------
+@dataclass
+class GcReport:
+    fragments_listed: int = 0
+    fragments_garbage: int = 0
+    fragments_deleted: int = 0
+    bytes_deleted: int | None = None     # unknown: a storage node's DELETE does not say
+    kept_live: int = 0
+    kept_young: int = 0
+    kept_foreign: int = 0
+    tombstones_seen: int = 0
+    tombstones_purgeable: int = 0
+    tombstones_purged: int = 0
+    tombstones_repaired: int = 0
+    tombstones_young: int = 0
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["errors"] = self.errors[:20]
+        d["error_count"] = len(self.errors)
+        return d
+
+
+async def control_scan(c: Client, cmap: ClusterMap
+                       ) -> dict[str, dict[tuple[str, str], dict[str, Any]]]:
+    """Every object record every control node holds: {node_id: {(bucket, key): row}}.
+
+    Raises Unavailable unless every control node answered completely: garbage collection
+    decides from what is absent, so it must see everything.
+    """
+    nodes = cmap.control.nodes
+
+    async def buckets(node: Node) -> list[str]:
+        reply = await c.t.request("GET", node.address, "/v1/buckets", timeout_s=META_TIMEOUT_S)
+        return [b["name"] for b in unpack(reply.body)["buckets"]]
+
+    async def scan(node: Node, names: list[str]) -> dict[tuple[str, str], dict[str, Any]]:
+        rows: dict[tuple[str, str], dict[str, Any]] = {}
+        for bucket in names:
+            after = ""
+            while True:
+                reply = await c.t.request("GET", node.address, f"/v1/list/{bucket}",
+                                          query={"after": after, "limit": SCAN_PAGE},
+                                          timeout_s=60)
+                page = unpack(reply.body, 64 * 1024 * 1024)
+                for r in page["records"]:
+                    rows[(bucket, r["key"])] = r
+                if not page["truncated"] or not page["records"]:
+                    break
+                after = page["records"][-1]["key"]
+        return rows
+
+    try:
+        names = sorted(set().union(*await asyncio.gather(*(buckets(n) for n in nodes))))
+        scans = await asyncio.gather(*(scan(n, names) for n in nodes))
+    except EcstoreError as exc:
+        raise Unavailable(f"garbage collection needs every control node: {exc.message}") from None
+    return {n.id: s for n, s in zip(nodes, scans)}
+
+
+class GcWorker:
+    """Deletes one batch of garbage fragments, then checks one batch of tombstones, per step()."""
+
+    def __init__(self, c: Client, cmap: ClusterMap, garbage: list[tuple[str, str]],
+                 tombstones: list[tuple[str, str]], now_ns: int, grace_s: float,
+                 dry_run: bool = False) -> None:
+        self.c, self.cmap = c, cmap
+        self.garbage, self.tombstones = list(garbage), list(tombstones)
+        self.now_ns, self.grace_s, self.dry_run = now_ns, grace_s, dry_run
+        self.total = len(self.garbage) + len(self.tombstones)
+        self.report = GcReport()
+        self.started = time.monotonic()
+
+    @property
+    def remaining(self) -> int:
+        return len(self.garbage) + len(self.tombstones)
+
+    async def step(self) -> bool:
+        """Do the next batch; False when there is nothing left."""
+        if self.garbage:
+            batch, self.garbage = self.garbage[:FRAGMENT_BATCH], self.garbage[FRAGMENT_BATCH:]
+            await asyncio.gather(*(self._delete_fragment(n, f) for n, f in batch))
+        elif self.tombstones:
+            batch = self.tombstones[:TOMBSTONE_BATCH]
+            self.tombstones = self.tombstones[TOMBSTONE_BATCH:]
+            await asyncio.gather(*(self._tombstone(b, k) for b, k in batch))
+        else:
+            return False
+        self.report.seconds = time.monotonic() - self.started
+        return True
+
+    async def run(self) -> GcReport:
+        while await self.step():
+            pass
+        return self.report
+
+    async def _delete_fragment(self, node_id: str, fid: str) -> None:
+        if self.dry_run:
+            return
+        node = self.cmap.storage_node(node_id)
+        try:
+            await self.c.t.request("DELETE", node.address, f"/v1/fragments/{fid}", timeout_s=10)
+            self.report.fragments_deleted += 1
+        except NotFound:
+            pass  # gone meanwhile (a client cleaned up after a failed put)
+        except EcstoreError as exc:
+            self.report.errors.append(f"delete {fid} on {node_id}: {exc.message}")
+
+    async def _tombstone(self, bucket: str, key: str) -> None:
+        nodes = self.cmap.control_nodes_for(f"{bucket}/{key}")
+        path = f"/v1/objects/{bucket}/{quote_key(key)}"
+        answers: dict[str, dict[str, Any] | None] = {}
+
+        async def read(node: Node) -> None:
+            try:
+                reply = await self.c.t.request("GET", node.address, path, ok_404=True,
+                                               timeout_s=META_TIMEOUT_S)
+                answers[node.id] = None if reply.status == 404 else unpack(reply.body)
+            except EcstoreError as exc:
+                self.report.errors.append(f"read {bucket}/{key} on {node.id}: {exc.message}")
+
+        await asyncio.gather(*(read(n) for n in nodes))
+        act = plan_tombstone([n.id for n in nodes], answers, self.now_ns, self.grace_s)
+        r = self.report
+        if act.reason == "young":
+            r.tombstones_young += 1
+        if act.purge:
+            r.tombstones_purgeable += 1
+        if self.dry_run or act.tombstone is None:
+            return
+        by_id = {n.id: n for n in nodes}
+        if act.write:
+            body = pack(act.tombstone)
+            for nid in act.write:
+                try:
+                    await self.c.t.request("PUT", by_id[nid].address, path, body=body,
+                                           timeout_s=META_TIMEOUT_S)
+                    r.tombstones_repaired += 1
+                except EcstoreError as exc:
+                    r.errors.append(f"repair tombstone {bucket}/{key} on {nid}: {exc.message}")
+            return
+        if act.purge:
+            vid = act.tombstone["version_id"]
+            purged = 0
+            for nid in act.purge:
+                try:
+                    await self.c.t.request("DELETE", by_id[nid].address, path,
+                                           query={"version_id": vid}, timeout_s=META_TIMEOUT_S)
+                    purged += 1
+                except NotFound:
+                    purged += 1
+                except EcstoreError as exc:  # 409: a newer record arrived; keep the rest
+                    r.errors.append(f"purge {bucket}/{key} on {nid}: {exc.message}")
+                    return
+            if purged == len(act.purge):
+                r.tombstones_purged += 1
+
+
+async def prepare_gc(c: Client, grace_s: float = DEFAULT_GRACE_S,
+                     dry_run: bool = False) -> GcWorker:
+    """Gather listings, then the clock, then the live records; return a worker ready to step.
+
+    The order is what makes it safe: see the module docstring.
+    """
+    if grace_s < 0:
+        raise ValueError("grace must be >= 0")
+    cmap = await c.cluster_map(refresh=True)
+    nodes = cmap.all_storage_nodes()
+    results = await asyncio.gather(*(node_listing(c, n) for n in nodes), return_exceptions=True)
+    listings: dict[str, set[str]] = {}
+    errors = []
+    for node, res in zip(nodes, results):
+        if isinstance(res, BaseException):
+            errors.append(f"storage node {node.id} did not answer its listing")
+        else:
+            listings[node.id] = res
+    now_ns = time.time_ns()                           # after the listings, before the records
+    scan = await control_scan(c, cmap)
+    live: set[str] = {r["version_id"] for rows in scan.values() for r in rows.values()
+                      if not r.get("deleted")}        # any replica's live record is kept
+    live.update([rec["version_id"] async for _, _, rec in live_records(c)])
+    garbage = plan_fragment_gc(live, listings, now_ns, grace_s)
+    tombstones = sorted({bk for rows in scan.values() for bk, r in rows.items() if r.get("deleted")})
+    worker = GcWorker(c, cmap, garbage, tombstones, now_ns, grace_s, dry_run)
+    rep = worker.report
+    limit = cutoff(now_ns, grace_s)
+    for fids in listings.values():
+        rep.fragments_listed += len(fids)
+        for fid in fids:
+            kind = classify_fragment(fid, live, limit)
+            if kind == "live":
+                rep.kept_live += 1
+            elif kind == "young":
+                rep.kept_young += 1
+            elif kind == "foreign":
+                rep.kept_foreign += 1
+    rep.fragments_garbage = len(garbage)
+    rep.tombstones_seen = len(tombstones)
+    rep.errors += errors
+    return worker

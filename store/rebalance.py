@@ -1,0 +1,148 @@
+"""Rebalance: move every fragment the current map places on another node.
+
+For each fragment of each live object, the target is where the current map (with the
+object's handoffs) says a reader looks; the source is any node whose listing holds it.
+A move is GET (verified) from the source, PUT (fsynced) on the target, and only then
+DELETE on the source. Readers that miss a fragment at its new place look where the
+previous epoch put it (store.client), so reads keep working during the move.
+`plan_moves` is pure; `RebalanceWorker.step()` moves one object's fragments per call.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from placement.cluster_map import ClusterMap
+from placement.nodes import Node
+from store.auth import CHECKSUM_HEADER
+from store.client import Client, expected_fragment_nodes
+from store.errors import Corrupt, EcstoreError
+from store.repair import Checkpoint, RateLimiter, live_records, node_listing
+from store.striping import fragment_id
+from store.wire import FRAGMENT_META_HEADER, unpack_header
+
+
+@dataclass(frozen=True)
+class Move:
+    fid: str
+    source: Node
+    target: Node
+
+
+def plan_moves(cmap: ClusterMap, record: dict[str, Any], listings: Mapping[str, set[str]],
+               nodes: Mapping[str, Node]) -> tuple[list[Move], int]:
+    """(moves, fragments found nowhere) for one object (pure).
+
+    A fragment already at its target is left alone; one found on several other nodes is
+    taken from the first in node id order.
+    """
+    moves, lost = [], 0
+    vid, n = record["version_id"], record["k"] + record["m"]
+    for seg in range(record.get("segments") or 0):
+        targets = expected_fragment_nodes(cmap, record, seg)
+        for i in range(n):
+            fid = fragment_id(vid, seg, i)
+            if fid in listings.get(targets[i].id, set()):
+                continue
+            holders = sorted(nid for nid, fids in listings.items() if fid in fids)
+            if holders:
+                moves.append(Move(fid, nodes[holders[0]], targets[i]))
+            else:
+                lost += 1
+    return moves, lost
+
+
+@dataclass
+class RebalanceReport:
+    objects_checked: int = 0
+    moved: int = 0
+    bytes_moved: int = 0
+    skipped: int = 0          # fragments found on no node: repair's work
+    failed: int = 0
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["errors"] = self.errors[:20]
+        d["moved_mb_s"] = round(self.bytes_moved / 1e6 / self.seconds, 2) if self.seconds else 0
+        return d
+
+
+class RebalanceWorker:
+    def __init__(self, c: Client, cmap: ClusterMap, listings: Mapping[str, set[str]],
+                 nodes: Mapping[str, Node], records: list[tuple[str, str, dict[str, Any]]],
+                 dry_run: bool = False, rate_mb_s: float = 0.0,
+                 state_path: Path | None = None) -> None:
+        self.c, self.cmap, self.listings, self.nodes = c, cmap, listings, nodes
+        self.dry_run = dry_run
+        self.limiter = RateLimiter(rate_mb_s)
+        self.checkpoint = Checkpoint(None if dry_run else state_path)
+        done_upto = self.checkpoint.load()
+        self.todo = [r for r in records if (r[0], r[1]) > done_upto]
+        self.resumed_after = len(records) - len(self.todo)
+        self.report = RebalanceReport()
+        self.planned_bytes = 0
+
+    @property
+    def remaining(self) -> int:
+        return len(self.todo)
+
+    def finish(self) -> None:
+        self.checkpoint.finish()
+
+    async def step(self) -> bool:
+        """Move the next object's misplaced fragments; False when none is left."""
+        if not self.todo:
+            return False
+        bucket, key, record = self.todo.pop(0)
+        moves, lost = plan_moves(self.cmap, record, self.listings, self.nodes)
+        self.report.objects_checked += 1
+        self.report.skipped += lost
+        for mv in moves:
+            if self.dry_run:
+                self.report.moved += 1
+                continue
+            try:
+                size = await self._move(mv)
+                self.report.moved += 1
+                self.report.bytes_moved += size
+                await self.limiter.spend(size)
+            except EcstoreError as exc:
+                self.report.failed += 1
+                self.report.errors.append(f"{bucket}/{key} {mv.fid} {mv.source.id}->"
+                                          f"{mv.target.id}: {exc.message}")
+        self.checkpoint.save(bucket, key)
+        return True
+
+    async def _move(self, mv: Move) -> int:
+        path = f"/v1/fragments/{mv.fid}"
+        reply = await self.c.t.request("GET", mv.source.address, path, timeout_s=60)
+        checksum = hashlib.sha256(reply.body).hexdigest()
+        if checksum != reply.headers.get(CHECKSUM_HEADER):
+            raise Corrupt(f"{mv.fid} from {mv.source.id} failed its checksum in transit")
+        meta = unpack_header(reply.headers.get(FRAGMENT_META_HEADER))
+        await self.c._put_fragment(mv.target, mv.fid, reply.body, meta)
+        await self.c.t.request("DELETE", mv.source.address, path, timeout_s=30)
+        return len(reply.body)
+
+
+async def prepare_rebalance(c: Client, dry_run: bool = False, rate_mb_s: float = 0.0,
+                            state_path: Path | None = None) -> RebalanceWorker:
+    """Gather the records, then listings of every storage node, current and previous."""
+    cmap = await c.cluster_map(refresh=True)
+    records = [r async for r in live_records(c)]  # first: what commits later is placed anew
+    nodes: dict[str, Node] = {}
+    for ring in (*cmap.previous_storage_rings, *cmap.storage_rings):
+        nodes.update({n.id: n for n in ring.nodes})
+    results = await asyncio.gather(*(node_listing(c, n) for n in nodes.values()),
+                                   return_exceptions=True)
+    listings = {nid: r for nid, r in zip(nodes, results) if not isinstance(r, BaseException)}
+    worker = RebalanceWorker(c, cmap, listings, nodes, records, dry_run, rate_mb_s, state_path)
+    worker.report.errors += [f"storage node {nid} did not answer its listing"
+                             for nid in nodes if nid not in listings]
+    return worker

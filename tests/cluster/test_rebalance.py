@@ -1,0 +1,169 @@
+"""Grow and shrink a cluster under load: add a node, rebalance, drain a node."""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cli.localcluster import LocalCluster
+from store.client import Client, SyncClient
+from store.rebalance import prepare_rebalance
+
+ROOT = Path(__file__).resolve().parents[2]
+MIB = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    tmp = Path(tempfile.mkdtemp(prefix="ecstore-rebalance-"))
+    c = LocalCluster.create(tmp, storage=6, control=3)
+    c.start()
+    yield c
+    LocalCluster.load(tmp).stop()  # the CLI added nodes this object does not know
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[bytes]:
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "--cluster", str(cluster.path),
+                           *args], cwd=ROOT, capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode()
+    return proc
+
+
+def stored_bytes(cluster: LocalCluster, node_id: str | None = None) -> int:
+    total = 0
+    for n in LocalCluster.load(cluster.dir).nodes.values():
+        if n.role == "storage" and (node_id is None or n.id == node_id):
+            for root, _, files in os.walk(Path(n.data) / "fragments"):
+                total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
+    return total
+
+
+@pytest.fixture(scope="module")
+def objects(cluster: LocalCluster) -> dict[str, bytes]:
+    objs = {f"o{i:03d}": os.urandom(MIB * (1 + i % 5) + i) for i in range(30)}
+    with SyncClient(cluster.path) as c:
+        c.create_bucket("grow")
+        for k, v in objs.items():
+            c.put("grow", k, v)
+    return objs
+
+
+class Load:
+    """A writer and a reader running beside an operation; bounded, and checked."""
+
+    def __init__(self, cluster: LocalCluster, objects: dict[str, bytes], tag: str) -> None:
+        self.cluster, self.objects, self.tag = cluster, objects, tag
+        self.stop = threading.Event()
+        self.written: dict[str, bytes] = {}
+        self.reads = 0
+        self.errors: list[str] = []
+        self.thread = threading.Thread(target=lambda: asyncio.run(self.run()))
+
+    async def run(self) -> None:
+        async with Client.connect(self.cluster.path) as c:
+            await asyncio.gather(self.writer(c), self.reader(c))
+
+    async def writer(self, c: Client) -> None:
+        for i in range(200):
+            if self.stop.is_set():
+                return
+            data = os.urandom(MIB + i)
+            try:
+                await c.put("grow", f"{self.tag}-{i:03d}", data)
+                self.written[f"{self.tag}-{i:03d}"] = data
+            except Exception as exc:  # noqa: BLE001 - every failure is reported
+                self.errors.append(f"put during-{i}: {exc!r}")
+
+    async def reader(self, c: Client) -> None:
+        keys = sorted(self.objects)
+        for i in range(2000):
+            if self.stop.is_set():
+                return
+            k = keys[i % len(keys)]
+            try:
+                got = await c.get("grow", k)
+                if hashlib.sha256(got).digest() != hashlib.sha256(self.objects[k]).digest():
+                    self.errors.append(f"get {k}: wrong bytes")
+                self.reads += 1
+            except Exception as exc:  # noqa: BLE001
+                self.errors.append(f"get {k}: {exc!r}")
+
+    def __enter__(self) -> "Load":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=120)
+        assert not self.thread.is_alive()
+
+
+def test_add_a_node_and_rebalance_under_load(cluster: LocalCluster,
+                                             objects: dict[str, bytes]) -> None:
+    before_total = stored_bytes(cluster)
+    with Load(cluster, objects, "adding") as load:
+        cli(cluster, "cluster", "add-node", "--data", str(cluster.dir), "--role", "storage")
+        report = json.loads(cli(cluster, "rebalance", "--json").stdout)
+    assert load.errors == [] and load.reads > 0 and load.written
+    assert report["failed"] == 0 and report["moved"] > 0
+    # every placement that moved went to the new node, and about its share of bytes
+    optimum = before_total / 7
+    assert report["bytes_moved"] <= 1.2 * (stored_bytes(cluster) / 7)
+    assert stored_bytes(cluster, "s7") >= 0.8 * optimum
+    # writers whose map was up to MAP_TTL_S old placed a few fragments the old way while
+    # the first pass ran: later passes move them, then there is nothing left to move
+    moved = [json.loads(cli(cluster, "rebalance", "--json").stdout)["moved"] for _ in range(3)]
+    assert moved[-1] == 0, moved
+    with SyncClient(cluster.path) as c:
+        for k, v in {**objects, **load.written}.items():
+            assert c.get("grow", k) == v, k
+
+
+def test_interrupted_rebalance_resumes(cluster: LocalCluster, objects: dict[str, bytes]) -> None:
+    cli(cluster, "ring", "reweight", "s2", "2")
+
+    async def partial() -> int:
+        async with Client.connect(cluster.path) as c:
+            w = await prepare_rebalance(c, state_path=cluster.dir / "rebalance.state.json")
+            for _ in range(4):
+                await w.step()
+            return w.report.moved
+    asyncio.run(partial())
+    assert (cluster.dir / "rebalance.state.json").exists()
+    rest = json.loads(cli(cluster, "rebalance", "--json").stdout)
+    assert rest["failed"] == 0
+    assert json.loads(cli(cluster, "rebalance", "--json").stdout)["moved"] == 0
+    with SyncClient(cluster.path) as c:
+        for k, v in objects.items():
+            assert c.get("grow", k) == v, k
+
+
+def test_drain_a_node_loses_nothing_and_empties_it(cluster: LocalCluster,
+                                                   objects: dict[str, bytes]) -> None:
+    with Load(cluster, objects, "draining") as load:
+        cli(cluster, "cluster", "remove-node", "--data", str(cluster.dir), "s4")
+    assert load.errors == []
+    assert not list((cluster.dir / "s4" / "fragments").rglob("*.*.*"))
+    shown = json.loads(cli(cluster, "ring", "show", "--json").stdout)
+    assert "s4" not in [n["id"] for n in shown["nodes"]]
+    with SyncClient(cluster.path) as c:
+        for k, v in {**objects, **load.written}.items():
+            assert c.get("grow", k) == v, k
+
+
+def test_a_change_that_leaves_too_few_nodes_is_refused(cluster: LocalCluster) -> None:
+    for node in ("s1", "s2"):  # 6 storage nodes left after the drain: 4+2 needs them all
+        proc = subprocess.run([sys.executable, "-m", "cli.main", "--cluster", str(cluster.path),
+                               "ring", "remove", node], cwd=ROOT, capture_output=True, timeout=60)
+        assert proc.returncode == 2 and b"refused" in proc.stderr, proc.stderr
