@@ -1,0 +1,244 @@
+"""Garbage collection: dead fragments and old tombstones go, live objects never lose a byte."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from cli.localcluster import LocalCluster
+from store.client import Client, SyncClient
+from store.errors import NotFound
+from store.gc import prepare_gc
+from store.transport import quote_key
+from tests.cluster.conftest import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "cli.main", "--cluster", str(cluster.path),
+                           *args], cwd=ROOT, capture_output=True, timeout=120)
+
+
+def gc_json(cluster: LocalCluster, *args: str) -> dict[str, object]:
+    proc = run_cli(cluster, "gc", "--json", *args)
+    assert proc.returncode == 0, proc.stderr.decode() + proc.stdout.decode()
+    report: dict[str, object] = json.loads(proc.stdout)
+    return report
+
+
+def fragments_on_disk(cluster: LocalCluster) -> set[str]:
+    out: set[str] = set()
+    for n in cluster.nodes.values():
+        if n.role == "storage":
+            for _, _, files in os.walk(os.path.join(n.data, "fragments")):
+                out.update(f for f in files if not f.endswith(".tmp"))
+    return out
+
+
+def of_version(cluster: LocalCluster, vid: str) -> set[str]:
+    return {f for f in fragments_on_disk(cluster) if f.startswith(vid + ".")}
+
+
+def control_records(cluster: LocalCluster, bucket: str, key: str) -> list[dict[str, object] | None]:
+    """The record each control node holds, read directly (no quorum, no read repair)."""
+    async def go() -> list[dict[str, object] | None]:
+        from store.wire import unpack
+        async with Client.connect(cluster.path) as c:
+            cmap = await c.cluster_map()
+            out = []
+            for node in cmap.control_nodes_for(f"{bucket}/{key}"):
+                r = await c.t.request("GET", node.address, f"/v1/objects/{bucket}/{quote_key(key)}",
+                                      ok_404=True)
+                out.append(None if r.status == 404 else unpack(r.body))
+            return out
+    return asyncio.run(go())
+
+
+def test_overwritten_and_deleted_fragments_and_tombstones_go(cluster: LocalCluster,
+                                                             client: SyncClient) -> None:
+    client.create_bucket("gc-basic")
+    client.put("gc-basic", "kept", b"k" * 200_000)
+    client.put("gc-basic", "over", os.urandom(300_000))
+    old = client.head("gc-basic", "over").version_id
+    new_value = os.urandom(250_000)
+    client.put("gc-basic", "over", new_value)
+    new = client.head("gc-basic", "over").version_id
+    client.put("gc-basic", "gone", os.urandom(150_000))
+    gone = client.head("gc-basic", "gone").version_id
+    client.delete("gc-basic", "gone")
+    client.put("gc-basic", "tiny", b"inline")        # inline: only a tombstone to purge
+    client.delete("gc-basic", "tiny")
+    kept = client.head("gc-basic", "kept").version_id
+    assert len(of_version(cluster, old)) == 6 and len(of_version(cluster, gone)) == 6
+
+    dry = gc_json(cluster, "--dry-run")                 # default grace: everything is young
+    assert dry["fragments_deleted"] == 0 and dry["kept_young"] >= 12
+    dry0 = gc_json(cluster, "--dry-run", "--grace", "0")
+    assert dry0["fragments_garbage"] >= 12 and dry0["fragments_deleted"] == 0
+    assert dry0["tombstones_purged"] == 0
+    assert len(of_version(cluster, old)) == 6           # a dry run deletes nothing
+
+    time.sleep(0.5)                                     # every tombstone replica written
+    rep = gc_json(cluster, "--grace", "0")
+    assert rep["fragments_deleted"] >= 12
+    assert of_version(cluster, old) == set() and of_version(cluster, gone) == set()
+    assert len(of_version(cluster, new)) == 6 and len(of_version(cluster, kept)) == 6
+    if rep["tombstones_repaired"]:                      # a replica lacked it: purged next run
+        gc_json(cluster, "--grace", "0")
+    for key in ("gone", "tiny"):
+        assert control_records(cluster, "gc-basic", key) == [None, None, None]
+    assert client.get("gc-basic", "over") == new_value
+    assert client.get("gc-basic", "kept") == b"k" * 200_000
+    with pytest.raises(NotFound):
+        client.head("gc-basic", "gone")
+    again = gc_json(cluster, "--grace", "0")
+    assert again["fragments_deleted"] == 0 and again["tombstones_seen"] == 0
+
+
+def test_young_tombstone_kept_and_lagging_replica_repaired_first(cluster: LocalCluster,
+                                                                 client: SyncClient) -> None:
+    client.create_bucket("gc-tomb")
+    client.put("gc-tomb", "k", b"x")
+    client.delete("gc-tomb", "k")
+    time.sleep(0.5)
+    assert gc_json(cluster)["tombstones_young"] >= 1    # default grace: kept
+    assert all(r is not None and r["deleted"] for r in control_records(cluster, "gc-tomb", "k"))
+
+    async def drop_one() -> None:                       # a replica that missed the tombstone
+        async with Client.connect(cluster.path) as c:
+            cmap = await c.cluster_map()
+            node = cmap.control_nodes_for("gc-tomb/k")[0]
+            await c.t.request("DELETE", node.address, "/v1/objects/gc-tomb/k")
+    asyncio.run(drop_one())
+    rep = gc_json(cluster, "--grace", "0")
+    assert rep["tombstones_repaired"] >= 1
+    recs = control_records(cluster, "gc-tomb", "k")
+    assert all(r is not None and r["deleted"] for r in recs)   # written back, not purged
+    gc_json(cluster, "--grace", "0")
+    assert control_records(cluster, "gc-tomb", "k") == [None, None, None]
+
+
+WRITER = textwrap.dedent("""
+    import asyncio, sys
+    from store.client import Client
+    async def slow():
+        for i in range(400):
+            yield bytes([i % 251]) * (1024 * 1024)
+            if i == 6:
+                print("streaming", flush=True)
+            await asyncio.sleep(0.05)
+    async def main():
+        async with Client.connect(sys.argv[1]) as c:
+            await c.put("gc-kill", sys.argv[2], slow())
+    asyncio.run(main())
+""")
+
+
+def test_killed_put_fragments_removed_after_grace(cluster: LocalCluster,
+                                                  client: SyncClient) -> None:
+    client.create_bucket("gc-kill")
+    before = fragments_on_disk(cluster)
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(cluster.path), "big"],
+                            stdout=subprocess.PIPE, cwd=ROOT)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().decode().strip() == "streaming"
+    wait_for(lambda: len(fragments_on_disk(cluster) - before) >= 6, what="fragments of the put")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    orphans = fragments_on_disk(cluster) - before
+    assert orphans and len({f.split(".")[0] for f in orphans}) == 1
+    rep = gc_json(cluster, "--grace", "60")             # younger than the grace: kept
+    assert rep["kept_young"] >= len(orphans)
+    assert orphans <= fragments_on_disk(cluster)
+    time.sleep(1.1)
+    rep = gc_json(cluster, "--grace", "1")
+    assert rep["fragments_deleted"] >= len(orphans)
+    assert not orphans & fragments_on_disk(cluster)
+
+
+def test_gc_racing_overwrites_and_deletes_loses_nothing(cluster: LocalCluster,
+                                                        client: SyncClient) -> None:
+    """Writers overwrite and delete while gc runs again and again; every ack holds."""
+    grace_s = 2.0          # longer than any put here: see store/gc.py on why it must be
+    bucket = "gc-race"
+    client.create_bucket(bucket)
+    rng = random.Random(7)
+    n_writers, keys_each, run_s, max_ops = 4, 3, 8.0, 60
+    model: dict[str, bytes | None] = {}
+    failures: list[str] = []
+    stats = {"gc_runs": 0, "deleted": 0, "purged": 0, "ops": 0}
+
+    def value() -> bytes:
+        size = rng.choice([500, 70_000, 200_000, 600_000])
+        return os.urandom(size)
+
+    async def writer(c: Client, w: int, stop_at: float) -> None:
+        keys = [f"w{w}-k{i}" for i in range(keys_each)]
+        for _ in range(max_ops):
+            if time.monotonic() > stop_at:
+                return
+            key = rng.choice(keys)
+            if model.get(key) is not None and rng.random() < 0.3:
+                await c.delete(bucket, key)
+                model[key] = None
+                try:
+                    await c.head(bucket, key)
+                    failures.append(f"{key} readable after its delete")
+                except NotFound:
+                    pass
+            else:
+                data = value()
+                await c.put(bucket, key, data)
+                model[key] = data
+                if await c.get(bucket, key) != data:
+                    failures.append(f"{key} read back wrong right after its put")
+            stats["ops"] += 1
+
+    async def collector(c: Client, stop_at: float) -> None:
+        for _ in range(40):                 # bounded
+            if time.monotonic() > stop_at:
+                return
+            worker = await prepare_gc(c, grace_s)
+            rep = await worker.run()
+            stats["gc_runs"] += 1
+            stats["deleted"] += rep.fragments_deleted
+            stats["purged"] += rep.tombstones_purged
+            await asyncio.sleep(0.05)
+
+    async def check_all(c: Client, when: str) -> None:
+        for key, data in sorted(model.items()):
+            if data is None:
+                try:
+                    await c.head(bucket, key)
+                    failures.append(f"{when}: deleted {key} is back")
+                except NotFound:
+                    pass
+            else:
+                got = await c.get(bucket, key)
+                if got != data:
+                    failures.append(f"{when}: {key} has {len(got)} bytes, wrong content")
+
+    async def main() -> None:
+        async with Client.connect(cluster.path) as wc, Client.connect(cluster.path) as gcc:
+            stop_at = time.monotonic() + run_s
+            await asyncio.gather(collector(gcc, stop_at),
+                                 *(writer(wc, w, stop_at) for w in range(n_writers)))
+            await check_all(wc, "after the race")
+            await (await prepare_gc(gcc, 0.0)).run()  # quiescent: even grace 0 is safe now
+            await check_all(wc, "after a final gc with grace 0")
+    started = time.monotonic()
+    asyncio.run(main())
+    assert failures == []
+    assert stats["gc_runs"] >= 2 and stats["ops"] >= 20
+    assert stats["deleted"] > 0                       # it did collect while racing
+    assert time.monotonic() - started < 30
