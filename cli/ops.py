@@ -60,31 +60,33 @@ async def change_ring(c: Client, op: str, a: argparse.Namespace) -> ClusterMap:
     """Apply one ring change to the newest map, publish it, return it."""
     cmap = await c.cluster_map(refresh=True)
     try:
-        if op == "add":
+        if op == "add" and getattr(a, "role", "storage") == "control":
+            node = Node(id=a.id, address=a.url, weight=a.weight, zone=a.zone or a.id,
+                        tier="control")
+            node.check()
+            if any(n.id == a.id for n in cmap.control.nodes):
+                raise BadRequest(f"node {a.id} is already in the map")
+            new = cmap.with_control_ring(cmap.control.add(node)[0])
+        elif op == "add":
             node = Node(id=a.id, address=a.url, weight=a.weight, zone=a.zone or a.id,
                         tier=a.tier)
             node.check()
             if any(n.id == a.id for n in cmap.all_storage_nodes()):
                 raise BadRequest(f"node {a.id} is already in the map")
             try:
-                ring = cmap.storage_ring(a.tier)
-                new_ring, _ = ring.add(node)
+                new_ring, _ = cmap.storage_ring(a.tier).add(node)
             except KeyError:
                 from placement.ring import Ring
                 new_ring = Ring.build([node], cmap.storage_rings[0].part_power, tier=a.tier)
+            new = cmap.with_storage_ring(new_ring)
+        elif any(n.id == a.id for n in cmap.control.nodes):
+            new = cmap.with_control_ring(_change(cmap.control, op, a))
         else:
             holder = next((r for r in cmap.storage_rings if any(n.id == a.id for n in r.nodes)),
                           None)
             if holder is None:
-                raise NotFound(f"no storage node {a.id} in the map "
-                               "(control ring changes are not supported yet)")
-            if op == "remove":
-                new_ring, _ = holder.remove(a.id)
-            elif op == "reweight":
-                new_ring, _ = holder.reweight(a.id, a.weight)
-            else:
-                new_ring, _ = holder.set_zone(a.id, a.zone)
-        new = cmap.with_storage_ring(new_ring)
+                raise NotFound(f"no node {a.id} in the map")
+            new = cmap.with_storage_ring(_change(holder, op, a))
     except ValueError as exc:  # a change that leaves a policy unable to place k+m
         raise BadRequest(f"refused: {exc}") from None
     failed = await c.publish_map(new)
@@ -92,6 +94,14 @@ async def change_ring(c: Client, op: str, a: argparse.Namespace) -> ClusterMap:
     err.print(f"map epoch {cmap.epoch} -> {new.epoch}"
               + (f" (not reached: {', '.join(failed)})" if failed else ""))
     return new
+
+
+def _change(ring: Any, op: str, a: argparse.Namespace) -> Any:
+    if op == "remove":
+        return ring.remove(a.id)[0]
+    if op == "reweight":
+        return ring.reweight(a.id, a.weight)[0]
+    return ring.set_zone(a.id, a.zone)[0]
 
 
 def ring_command(op: str) -> Any:
@@ -122,6 +132,7 @@ async def cmd_rebalance(c: Client, a: argparse.Namespace) -> int:
     w.report.seconds = time.monotonic() - w.limiter.start
     w.finish()
     rep = w.report.to_dict()
+    rep["metadata"] = (await finish_metadata_move(c, a.dry_run)).to_dict()
     if a.json:
         print(json.dumps(rep, indent=2))
     else:
@@ -131,10 +142,25 @@ async def cmd_rebalance(c: Client, a: argparse.Namespace) -> int:
         for name in ("objects_checked", "moved", "skipped", "failed"):
             t.add_row(name.replace("_", " "), str(rep[name]))
         t.add_row("bytes moved", human(rep["bytes_moved"]))
+        md = rep["metadata"]
+        t.add_row("metadata records moved", str(md["copied"]))
+        t.add_row("metadata failed", str(md["failed"]))
         out.print(t)
         for e in rep["errors"]:
             err.print(f"[yellow]warning:[/] {e}", highlight=False)
-    return 1 if rep["failed"] else 0
+    return 1 if rep["failed"] or rep["metadata"]["failed"] else 0
+
+
+async def finish_metadata_move(c: Client, dry_run: bool) -> Any:
+    """Move metadata records to the current control ring; once nothing failed, publish a
+    map without the previous control ring (readers stop asking the old places)."""
+    from store.metamove import move_metadata
+
+    report = await move_metadata(c, dry_run)
+    cmap = await c.cluster_map(refresh=True)
+    if not dry_run and not report.failed and cmap.previous_control is not None:
+        await c.publish_map(cmap.bump(previous_control=None))
+    return report
 
 
 DRAIN_PASSES = 5
@@ -147,9 +173,6 @@ def cmd_add_node(a: argparse.Namespace) -> int:
     from cli.main import err
     from store.cluster import ClusterInfo
 
-    if a.role != "storage":
-        raise BadRequest("only --role storage can be added for now: moving metadata to a new "
-                         "control node is not built yet")
     cluster = LocalCluster.load(Path(a.data))
     spec = cluster.add_node_spec(a.role, a.zone, a.tier)
     cluster.start_node(spec.id)
@@ -159,7 +182,7 @@ def cmd_add_node(a: argparse.Namespace) -> int:
     async def add() -> None:
         c = Client(ClusterInfo.load(cluster.path))
         try:
-            ns = argparse.Namespace(id=spec.id, url=spec.url, weight=a.weight,
+            ns = argparse.Namespace(id=spec.id, url=spec.url, weight=a.weight, role=a.role,
                                     zone=a.zone or spec.id, tier=a.tier)
             await change_ring(c, "add", ns)
         finally:
@@ -169,8 +192,15 @@ def cmd_add_node(a: argparse.Namespace) -> int:
     except Exception:
         cluster.forget_node(spec.id)
         raise
+    if a.role == "control":
+        _install_map_on(cluster, spec.id)
     err.print(f"started {spec.id} at {spec.url}; run `ecstore rebalance` to move data onto it")
     return 0
+
+
+def _install_map_on(cluster: Any, node_id: str) -> None:
+    """A new control node got the map from publish_map; check it holds it."""
+    cluster.install_map()
 
 
 def cmd_remove_node(a: argparse.Namespace) -> int:
@@ -189,6 +219,11 @@ def cmd_remove_node(a: argparse.Namespace) -> int:
         c = Client(ClusterInfo.load(cluster.path))
         try:
             cmap = await c.cluster_map(refresh=True)
+            if any(n.id == a.id for n in cmap.control.nodes):
+                await change_ring(c, "remove", argparse.Namespace(id=a.id))
+                await asyncio.sleep(MAP_TTL_S + 0.5)  # every client writes to the new ring
+                report = await finish_metadata_move(c, False)
+                return report.failed
             if any(n.id == a.id for n in cmap.all_storage_nodes()):
                 await change_ring(c, "remove", argparse.Namespace(id=a.id))
             failed = 0
@@ -237,14 +272,15 @@ def register(sub: Any, with_client: Any) -> None:
     show = rs.add_parser("show", help="epoch, nodes with zone, weight, tier and share")
     show.add_argument("--json", action="store_true")
     show.set_defaults(func=with_client(cmd_ring_show))
-    add = rs.add_parser("add", help="add a storage node to its tier's ring")
+    add = rs.add_parser("add", help="add a storage node to its tier's ring, or a control node")
     add.add_argument("id")
     add.add_argument("--url", required=True, help="the node's base URL")
     add.add_argument("--zone", default="")
     add.add_argument("--weight", type=float, default=1.0)
     add.add_argument("--tier", default="hot")
+    add.add_argument("--role", choices=["storage", "control"], default="storage")
     add.set_defaults(func=with_client(ring_command("add")))
-    rm = rs.add_parser("remove", help="remove a storage node (then run rebalance)")
+    rm = rs.add_parser("remove", help="remove a node from its ring (then run rebalance)")
     rm.add_argument("id")
     rm.set_defaults(func=with_client(ring_command("remove")))
     rw = rs.add_parser("reweight", help="change a node's weight")

@@ -93,6 +93,20 @@ async def purge_object(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
+async def drop_record(request: web.Request) -> web.Response:
+    """Drop a record this node no longer holds after a control ring change; only the
+    version the mover copied elsewhere (409 if a newer one arrived meanwhile)."""
+    bucket, key = _names(request)
+    k = object_key(bucket, key)
+    record = request.app[DB].get(k)
+    if record is None:
+        raise NotFound(f"no record for {bucket}/{key}")
+    if record.get("version_id") != request.query.get("version_id"):
+        raise Conflict(f"the record of {bucket}/{key} is another version")
+    request.app[DB].delete(k)
+    return web.Response(status=204)
+
+
 def _query_int(request: web.Request, name: str, default: int, maximum: int) -> int:
     try:
         value = int(request.query.get(name, default))
@@ -115,8 +129,11 @@ async def list_objects(request: web.Request) -> web.Response:
     base = object_key(bucket, "")
     rows, truncated = request.app[DB].scan(base + prefix.encode(),
                                            base + after.encode() if after else b"", limit)
-    records = [{"key": k[len(base):].decode(), **{f: r.get(f) for f in LISTED_FIELDS}}
-               for k, r in rows]
+    if request.query.get("full") == "1":  # whole records, for moving metadata
+        records = [{**r, "key": k[len(base):].decode()} for k, r in rows]
+    else:
+        records = [{"key": k[len(base):].decode(), **{f: r.get(f) for f in LISTED_FIELDS}}
+                   for k, r in rows]
     return msgpack_response({"records": records, "truncated": truncated})
 
 
@@ -206,6 +223,7 @@ def make_app(config: ControlConfig) -> web.Application:
         web.put(obj, put_object),
         web.get(obj, get_object),
         web.delete(obj, purge_object),
+        web.delete("/v1/records/{bucket}/{key:.+}", drop_record),
     ])
     return app
 

@@ -52,6 +52,8 @@ class ClusterMap:
             change, so that a reader can look where a fragment was before a rebalance
             moved it (empty when there was no ring change).
         previous_epoch: the epoch those rings belong to (0 when none).
+        previous_control: the control ring before the last control ring change, so that
+            metadata reads also ask where a record was before it was moved.
     """
 
     epoch: int
@@ -65,6 +67,7 @@ class ClusterMap:
     inline_max_bytes: int = 64 * 1024
     previous_storage_rings: tuple[Ring, ...] = ()
     previous_epoch: int = 0
+    previous_control: Ring | None = None
 
     # ------------------------------------------------------------ invariants
     def check(self) -> None:
@@ -197,6 +200,21 @@ class ClusterMap:
         return self.bump(storage_rings=rings, previous_storage_rings=self.storage_rings,
                          previous_epoch=self.epoch)
 
+    def with_control_ring(self, ring: Ring) -> "ClusterMap":
+        """A new epoch with `ring` as the control ring; the old one is kept as previous."""
+        return self.bump(control=ring, previous_control=self.control,
+                         previous_epoch=self.epoch)
+
+    def metadata_nodes_for(self, key: bytes | str) -> tuple[Node, ...]:
+        """The control nodes that hold `key` now, then those that held it before the last
+        control ring change (readers ask both while metadata moves)."""
+        now = self.control_nodes_for(key)
+        if self.previous_control is None:
+            return now
+        r = min(self.replicas, len(self.previous_control.nodes))
+        before = self.previous_control.locate(key, r)
+        return now + tuple(n for n in before if n.id not in {x.id for x in now})
+
     def previous_fragment_node(self, policy: Policy, version_id: str, segment_index: int,
                                index: int) -> Node | None:
         """Where the previous epoch put fragment `index`, or None (no previous ring, or
@@ -251,13 +269,16 @@ class ClusterMap:
             "inline_max_bytes": self.inline_max_bytes,
             "previous_storage_rings": [r.to_dict() for r in self.previous_storage_rings],
             "previous_epoch": self.previous_epoch,
+            "previous_control": (None if self.previous_control is None
+                                 else self.previous_control.to_dict()),
         }
 
     @staticmethod
     def from_dict(d: object) -> "ClusterMap":
         """Build and check a map from ``to_dict`` output.  Raises ValueError."""
         required = set(_FIELDS) | {"format", "epoch", "storage_rings", "control", "policies"}
-        f = fields("cluster map", d, required, {"previous_storage_rings", "previous_epoch"})
+        f = fields("cluster map", d, required, {"previous_storage_rings", "previous_epoch",
+                                                       "previous_control"})
         if f["format"] != FORMAT_VERSION:
             raise ValueError(f"unsupported cluster map format {f['format']!r}")
         for key in ("storage_rings", "policies"):
@@ -272,6 +293,8 @@ class ClusterMap:
             previous_storage_rings=tuple(Ring.from_dict(r)
                                          for r in f.get("previous_storage_rings") or ()),
             previous_epoch=int(f.get("previous_epoch", 0)),
+            previous_control=(None if f.get("previous_control") is None
+                              else Ring.from_dict(f["previous_control"])),
         )
         cmap.check()
         return cmap

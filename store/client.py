@@ -336,9 +336,11 @@ class Client:
         check_bucket_name(bucket)
         check_key(key)
         cmap = await self.cluster_map()
-        nodes = cmap.control_nodes_for(f"{bucket}/{key}")
-        _, r = effective_quorums(cmap, len(nodes))
-        record = await self.meta.read(nodes, _meta_path(bucket, key), r)
+        owners = cmap.control_nodes_for(f"{bucket}/{key}")
+        nodes = cmap.metadata_nodes_for(f"{bucket}/{key}")  # + where it was, while it moves
+        _, r = effective_quorums(cmap, len(owners))
+        needed = min(len(nodes), r + len(nodes) - len(owners))
+        record = await self.meta.read(nodes, _meta_path(bucket, key), needed)
         if record is None or record["deleted"]:
             raise NotFound(f"no such object: {bucket}/{key}")
         return record
@@ -442,10 +444,12 @@ class Client:
             raise BadRequest("max_keys must be between 1 and 10000")
         await self._require_bucket(bucket)
         cmap = await self.cluster_map()
-        return await merge_listing(self.t, cmap.control.nodes, bucket, prefix, delimiter,
+        nodes = {n.id: n for n in cmap.control.nodes}
+        if cmap.previous_control is not None:  # records not moved yet by a rebalance
+            nodes.update({n.id: n for n in cmap.previous_control.nodes if n.id not in nodes})
+        return await merge_listing(self.t, tuple(nodes.values()), bucket, prefix, delimiter,
                                    start_after, max_keys,
-                                   allowed_failures=max(0, min(cmap.replicas,
-                                                               len(cmap.control.nodes)) - 1))
+                                   allowed_failures=max(0, cmap.effective_replicas - 1))
 
     async def list_all(self, bucket: str, prefix: str = "",
                        delimiter: str = "") -> AsyncIterator[ListResult]:

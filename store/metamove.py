@@ -1,0 +1,110 @@
+"""Moving metadata after a control ring change.
+
+Every record on every control node (current and previous ring) is written to the
+control nodes the current map names for its key (a put keeps the newest, so this is
+idempotent), and then dropped from a node that no longer should hold it, only if that
+node still holds the very version that was copied. Bucket records go to every control
+node. Safe to run again at any point.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from placement.cluster_map import ClusterMap
+from placement.nodes import Node
+from store.client import Client, _meta_path
+from store.errors import EcstoreError, NotFound
+from store.transport import quote_key
+from store.wire import pack, unpack
+
+SCAN_PAGE = 1000
+
+
+@dataclass
+class MetaMoveReport:
+    records_checked: int = 0
+    copied: int = 0
+    dropped: int = 0
+    failed: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "errors": self.errors[:20]}
+
+
+def control_nodes_all(cmap: ClusterMap) -> dict[str, Node]:
+    nodes = {n.id: n for n in cmap.control.nodes}
+    if cmap.previous_control is not None:
+        for n in cmap.previous_control.nodes:
+            nodes.setdefault(n.id, n)
+    return nodes
+
+
+async def move_metadata(c: Client, dry_run: bool = False) -> MetaMoveReport:
+    cmap = await c.cluster_map(refresh=True)
+    report = MetaMoveReport()
+    for node in control_nodes_all(cmap).values():
+        try:
+            reply = await c.t.request("GET", node.address, "/v1/buckets", timeout_s=10)
+        except EcstoreError as exc:
+            report.failed += 1
+            report.errors.append(f"{node.id}: {exc.message}")
+            continue
+        for b in unpack(reply.body)["buckets"]:
+            name = b.pop("name")
+            if not dry_run:
+                await _put_all(c, cmap.control.nodes, f"/v1/buckets/{name}", b, report)
+            await _move_bucket(c, cmap, node, name, dry_run, report)
+    return report
+
+
+async def _put_all(c: Client, nodes: tuple[Node, ...], path: str, record: dict[str, Any],
+                   report: MetaMoveReport) -> bool:
+    ok = True
+    for n in nodes:
+        try:
+            reply = await c.t.request("PUT", n.address, path, body=pack(record), timeout_s=10)
+            if unpack(reply.body).get("applied"):
+                report.copied += 1
+        except EcstoreError as exc:
+            ok = False
+            report.failed += 1
+            report.errors.append(f"{path} -> {n.id}: {exc.message}")
+    return ok
+
+
+async def _move_bucket(c: Client, cmap: ClusterMap, node: Node, bucket: str, dry_run: bool,
+                       report: MetaMoveReport) -> None:
+    after = ""
+    while True:
+        reply = await c.t.request("GET", node.address, f"/v1/list/{bucket}",
+                                  query={"after": after, "limit": SCAN_PAGE, "full": "1"},
+                                  timeout_s=60)
+        page = unpack(reply.body, 64 * 1024 * 1024)
+        for rec in page["records"]:
+            key = rec.pop("key")
+            report.records_checked += 1
+            owners = cmap.control_nodes_for(f"{bucket}/{key}")
+            if node.id in {o.id for o in owners} or dry_run:
+                if dry_run and node.id not in {o.id for o in owners}:
+                    report.copied += 1
+                continue
+            if await _put_all(c, owners, _meta_path(bucket, key), rec, report):
+                await _drop(c, node, bucket, key, rec["version_id"], report)
+        if not page["truncated"] or not page["records"]:
+            return
+        after = page["records"][-1]["key"]
+
+
+async def _drop(c: Client, node: Node, bucket: str, key: str, version_id: str,
+                report: MetaMoveReport) -> None:
+    try:
+        await c.t.request("DELETE", node.address,
+                          f"/v1/records/{bucket}/{quote_key(key)}",
+                          query={"version_id": version_id}, timeout_s=10)
+        report.dropped += 1
+    except NotFound:
+        pass
+    except EcstoreError as exc:  # a newer version arrived: the next run moves it
+        report.errors.append(f"drop {bucket}/{key} on {node.id}: {exc.message}")

@@ -1,0 +1,111 @@
+"""Add and remove a control node: metadata moves, every key resolves with its quorum."""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cli.localcluster import LocalCluster
+from store.client import Client, SyncClient
+from store.transport import quote_key
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    tmp = Path(tempfile.mkdtemp(prefix="ecstore-control-"))
+    c = LocalCluster.create(tmp, storage=6, control=3)
+    c.start()
+    yield c
+    LocalCluster.load(tmp).stop()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[bytes]:
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "--cluster", str(cluster.path),
+                           *args], cwd=ROOT, capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode()
+    return proc
+
+
+@pytest.fixture(scope="module")
+def objects(cluster: LocalCluster) -> dict[str, bytes]:
+    objs = {f"k{i:03d}": os.urandom(100 + i) for i in range(150)}
+    objs.update({f"big{i}": os.urandom(300_000 + i) for i in range(5)})
+    with SyncClient(cluster.path) as c:
+        c.create_bucket("meta")
+        for k, v in objs.items():
+            c.put("meta", k, v)
+    return objs
+
+
+def holders(cluster: LocalCluster, key: str) -> set[str]:
+    """Which running control nodes hold a record for meta/key (asked directly)."""
+    async def go() -> set[str]:
+        out = set()
+        async with Client.connect(cluster.path) as c:
+            for n in LocalCluster.load(cluster.dir).nodes.values():
+                if n.role != "control" or n.id not in LocalCluster.load(cluster.dir).running():
+                    continue
+                r = await c.t.request("GET", n.url, f"/v1/objects/meta/{quote_key(key)}",
+                                      ok_404=True)
+                if r.status == 200:
+                    out.add(n.id)
+        return out
+    return asyncio.run(go())
+
+
+def owners(cluster: LocalCluster, key: str) -> set[str]:
+    async def go() -> set[str]:
+        async with Client.connect(cluster.path) as c:
+            cmap = await c.cluster_map(refresh=True)
+            return {n.id for n in cmap.control_nodes_for(f"meta/{key}")}
+    return asyncio.run(go())
+
+
+def check_all(cluster: LocalCluster, objects: dict[str, bytes]) -> None:
+    with SyncClient(cluster.path) as c:
+        for k, v in objects.items():
+            assert c.get("meta", k) == v, k
+        listed = []
+        after = ""
+        for _ in range(100):
+            page = c.list("meta", start_after=after)
+            listed += [o.key for o in page.objects]
+            if not page.truncated:
+                break
+            after = page.next_start_after
+        assert listed == sorted(objects)
+
+
+def test_add_a_control_node_moves_metadata(cluster: LocalCluster,
+                                           objects: dict[str, bytes]) -> None:
+    cli(cluster, "cluster", "add-node", "--data", str(cluster.dir), "--role", "control")
+    check_all(cluster, objects)  # before the move: readers also ask the previous owners
+    cli(cluster, "rebalance")
+    check_all(cluster, objects)
+    moved_to_c4 = 0
+    for k in list(objects)[:60]:
+        assert holders(cluster, k) == owners(cluster, k), k
+        moved_to_c4 += "c4" in owners(cluster, k)
+    assert moved_to_c4 > 0
+
+
+def test_remove_a_control_node_moves_metadata_off_it(cluster: LocalCluster,
+                                                     objects: dict[str, bytes]) -> None:
+    cli(cluster, "cluster", "remove-node", "--data", str(cluster.dir), "c1")
+    assert "c1" not in LocalCluster.load(cluster.dir).nodes
+    check_all(cluster, objects)
+    for k in list(objects)[:60]:
+        assert holders(cluster, k) == owners(cluster, k), k
+    with SyncClient(cluster.path) as c:
+        c.put("meta", "after-removal", b"still writable")
+        assert c.get("meta", "after-removal") == b"still writable"
