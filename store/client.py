@@ -30,7 +30,7 @@ from store.errors import BadRequest, Conflict, Corrupt, EcstoreError, NotFound, 
 from store.listing import ListResult, merge_listing
 from store.metadata import MetaQuorum, effective_quorums
 from store.names import check_bucket_name, check_key
-from store.striping import fragment_id, resolve_range, slices_for_range
+from store.striping import fragment_id, plan_fetches, resolve_range, slices_for_range
 from store.transport import Transport, quote_key
 from store.wire import FRAGMENT_META_HEADER, pack, pack_header, unpack
 
@@ -405,9 +405,18 @@ class Client:
                 except EcstoreError as exc:
                     errors.append(f"{prev.id}/{i}: {exc.code}")
 
-        await asyncio.gather(*(fetch(i) for i in range(k)))
-        if len(good) < k:  # degraded read: ask the parity fragments
-            await asyncio.gather(*(fetch(i) for i in range(k, k + m)))
+        failed: set[int] = set()
+        inflight: dict[asyncio.Future[None], int] = {}
+        while True:
+            for i in plan_fetches(k, k + m, set(good), failed, set(inflight.values())):
+                inflight[asyncio.ensure_future(fetch(i))] = i
+            if not inflight:
+                break
+            done, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                i = inflight.pop(task)
+                if i not in good:  # a failure: the plan brings in the next fragment
+                    failed.add(i)
         if len(good) < k:
             raise Unavailable(f"segment {seg} of {vid}: only {len(good)} of {k} needed "
                               "fragments readable", tried=k + m, failed=len(errors),

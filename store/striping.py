@@ -55,3 +55,16 @@ def fragment_id(version_id: str, segment: int, index: int) -> str:
 def parse_fragment_id(fid: str) -> tuple[str, int, int]:
     vid, seg, idx = fid.split(".")
     return vid, int(seg), int(idx)
+
+
+def plan_fetches(k: int, n: int, good: set[int], failed: set[int],
+                 inflight: set[int]) -> list[int]:
+    """Which fragment indexes to request now so that k may succeed (the read plan).
+
+    Data fragments (0..k-1) come first because they decode with no arithmetic; each
+    failure brings in the next untried index at once, without waiting for the others.
+    Returns [] when enough are good or in flight, or when nothing is left to try.
+    """
+    want = k - len(good) - len(inflight)
+    untried = [i for i in range(n) if i not in good and i not in failed and i not in inflight]
+    return untried[:max(0, want)]

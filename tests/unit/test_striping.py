@@ -30,3 +30,13 @@ def test_suffix_and_open_ranges() -> None:
             resolve_range(100, *bad)
     with pytest.raises(RangeNotSatisfiable):
         resolve_range(100, None, 0)
+
+
+def test_read_plan_prefers_data_then_replaces_each_failure_at_once() -> None:
+    from store.striping import plan_fetches
+    assert plan_fetches(4, 6, set(), set(), set()) == [0, 1, 2, 3]
+    # fragment 1 failed while 0, 2, 3 are still in flight: ask parity 4 now
+    assert plan_fetches(4, 6, set(), {1}, {0, 2, 3}) == [4]
+    assert plan_fetches(4, 6, {0, 2, 3}, {1, 4}, set()) == [5]
+    assert plan_fetches(4, 6, {0, 2, 3}, {1, 4, 5}, set()) == []      # nothing left: fail
+    assert plan_fetches(4, 6, {0, 1, 2, 3}, set(), set()) == []       # done
