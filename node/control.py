@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from node.metadb import MetaDB, bucket_key, object_key
-from node.server import make_base_app, run, secret_from_env, verified_body
+from node.server import make_base_app, query_int, run, secret_from_env, verified_body
 from placement.cluster_map import ClusterMap
 from store.errors import BadRequest, Conflict, NotFound
 from store.names import check_bucket_name, check_key
@@ -107,16 +107,6 @@ async def drop_record(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
-def _query_int(request: web.Request, name: str, default: int, maximum: int) -> int:
-    try:
-        value = int(request.query.get(name, default))
-    except ValueError:
-        raise BadRequest(f"{name} must be an integer") from None
-    if not 1 <= value <= maximum:
-        raise BadRequest(f"{name} must be between 1 and {maximum}")
-    return value
-
-
 LISTED_FIELDS = ("ts", "version_id", "deleted", "size", "etag", "content_type")
 
 
@@ -125,7 +115,7 @@ async def list_objects(request: web.Request) -> web.Response:
     bucket = check_bucket_name(request.match_info["bucket"])
     prefix = request.query.get("prefix", "")
     after = request.query.get("after", "")
-    limit = _query_int(request, "limit", 1000, MAX_SCAN_LIMIT)
+    limit = query_int(request, "limit", 1000, MAX_SCAN_LIMIT)
     base = object_key(bucket, "")
     rows, truncated = request.app[DB].scan(base + prefix.encode(),
                                            base + after.encode() if after else b"", limit)

@@ -93,3 +93,14 @@ async def verified_body(request: web.Request) -> bytes:
     if hashlib.sha256(body).hexdigest() != request.headers.get(CHECKSUM_HEADER):
         raise BadRequest("body does not match its signed checksum")
     return body
+
+
+def query_int(request: web.Request, name: str, default: int, maximum: int) -> int:
+    """An integer query parameter in 1..maximum; BadRequest otherwise."""
+    try:
+        value = int(request.query.get(name, default))
+    except ValueError:
+        raise BadRequest(f"{name} must be an integer") from None
+    if not 1 <= value <= maximum:
+        raise BadRequest(f"{name} must be between 1 and {maximum}")
+    return value

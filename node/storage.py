@@ -26,9 +26,8 @@ from node.scrub import (
     scrub_loop,
     scrub_now,
 )
-from node.server import make_base_app, run, secret_from_env
+from node.server import make_base_app, query_int, run, secret_from_env
 from store.auth import CHECKSUM_HEADER
-from store.errors import BadRequest
 from store.wire import FRAGMENT_META_HEADER as META_HEADER
 from store.wire import pack, pack_header, unpack_header
 
@@ -87,19 +86,9 @@ async def delete_fragment(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
-def _int_param(request: web.Request, name: str, default: int, maximum: int) -> int:
-    try:
-        value = int(request.query.get(name, default))
-    except ValueError:
-        raise BadRequest(f"{name} must be an integer") from None
-    if not 1 <= value <= maximum:
-        raise BadRequest(f"{name} must be between 1 and {maximum}")
-    return value
-
-
 async def list_fragments(request: web.Request) -> web.Response:
     after = request.query.get("after", "")
-    limit = _int_param(request, "limit", 1000, MAX_LIST_LIMIT)
+    limit = query_int(request, "limit", 1000, MAX_LIST_LIMIT)
     names = await _in_thread(request.app[STORE].list, after, limit + 1)
     return web.Response(body=pack({"fragments": names[:limit],
                                    "truncated": len(names) > limit}),
