@@ -1,10 +1,12 @@
-"""ecstore benchmark: codec overhead, client throughput/latency, degraded reads.
+"""ecstore benchmark: codec overhead, client throughput/latency, degraded reads, and
+operations (repair and rebalance throughput, data moved by adding a node; bench/ops.py).
 
     python -m bench.run [--quick] [--json PATH]
 
 Starts its own local cluster (6 storage + 3 control nodes, 4+2 isa_l_rs_vand, fsync on) in a
 temporary directory, runs every workload from one asyncio.run (uvloop if importable), prints a
-table and writes JSON (default bench/results/latest.json).
+table and writes JSON (default bench/results/latest.json). The operations rows run afterwards
+on a second, fresh cluster holding only their own 4 MiB objects.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from pyeclib.ec_iface import ECDriver
 
+from bench import ops
 from cli.localcluster import LocalCluster
 from store import codec
 from store.client import Client
@@ -37,9 +40,9 @@ KILLED = ["s1", "s2"]
 
 PROFILES: dict[str, dict[str, int]] = {
     "quick": dict(codec_iters=25, medium_count=128, medium_conc=8, large_mib=64,
-                  small_count=1000, small_conc=16, warmup=16),
+                  small_count=1000, small_conc=16, warmup=16, ops_count=16),
     "full": dict(codec_iters=100, medium_count=1024, medium_conc=8, large_mib=256,
-                 small_count=10000, small_conc=16, warmup=32),
+                 small_count=10000, small_conc=16, warmup=32, ops_count=64),
 }
 OP_TIMEOUT_S = {"medium": 60.0, "small": 30.0}
 LARGE_TIMEOUT_S = 600.0
@@ -486,6 +489,19 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             log("stopping cluster")
             cluster.stop()
+    with tempfile.TemporaryDirectory(prefix="ecstore-bench-ops-") as tmp:
+        cluster = LocalCluster.create(Path(tmp), storage=6, control=3, k=K, m=M, fsync=True)
+        try:
+            log(f"starting ops cluster in {tmp}")
+            cluster.start()
+            ops_coro = ops.ops_workloads(cluster, p["ops_count"], log)
+            op_rows = uvloop.run(ops_coro) if uvloop else asyncio.run(ops_coro)
+            rows += [Row(**d, rss_peak_mib=peak_rss_mib()) for d in op_rows]
+        finally:
+            log("stopping ops cluster")
+            cluster.stop()
+    log("ring movement (pure)")
+    rows.append(Row(**ops.ring_movement(), rss_peak_mib=peak_rss_mib()))
     meta["total_s"] = time.perf_counter() - t_start
     meta["client_peak_rss_mib"] = peak_rss_mib()
     meta["total_errors"] = sum(r.errors for r in rows)
