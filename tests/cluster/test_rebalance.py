@@ -17,7 +17,7 @@ import pytest
 
 from cli.localcluster import LocalCluster
 from store.client import Client, SyncClient
-from store.rebalance import prepare_rebalance
+from tests.cluster.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 1024 * 1024
@@ -133,14 +133,15 @@ def test_add_a_node_and_rebalance_under_load(cluster: LocalCluster,
 def test_interrupted_rebalance_resumes(cluster: LocalCluster, objects: dict[str, bytes]) -> None:
     cli(cluster, "ring", "reweight", "s2", "2")
 
-    async def partial() -> int:
-        async with Client.connect(cluster.path) as c:
-            w = await prepare_rebalance(c, state_path=cluster.dir / "rebalance.state.json")
-            for _ in range(4):
-                await w.step()
-            return w.report.moved
-    asyncio.run(partial())
-    assert (cluster.dir / "rebalance.state.json").exists()
+    state = cluster.dir / "rebalance.state.json"
+    slow = subprocess.Popen([sys.executable, "-m", "cli.main", "--cluster", str(cluster.path),
+                             "rebalance", "--rate", "0.3", "--json"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(state.exists, timeout_s=60, what="the rebalance's first saved position")
+    finally:
+        slow.kill()  # SIGKILL in the middle of the pass
+        slow.wait(timeout=10)
     rest = json.loads(cli(cluster, "rebalance", "--json").stdout)
     assert rest["failed"] == 0
     assert json.loads(cli(cluster, "rebalance", "--json").stdout)["moved"] == 0

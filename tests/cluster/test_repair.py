@@ -14,8 +14,9 @@ import pytest
 
 from cli.localcluster import LocalCluster
 from store.client import Client, SyncClient
-from store.repair import expected_nodes, prepare_repair
+from store.repair import expected_nodes
 from store.striping import fragment_id
+from tests.cluster.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,7 +59,7 @@ def every_fragment_good(cluster: LocalCluster) -> list[str]:
 def test_wiped_node_is_rebuilt_by_repair(cluster: LocalCluster, client: SyncClient,
                                          objects: dict[str, bytes]) -> None:
     cluster.kill_node("s3")
-    shutil.rmtree(Path(cluster.nodes["s3"].data) / "fragments")
+    shutil.rmtree(Path(cluster.nodes["s3"].data))  # the whole disk replaced
     cluster.start_node("s3")
     cluster.wait_healthy(["s3"])
     assert every_fragment_good(cluster)  # the wipe is visible
@@ -83,17 +84,21 @@ def test_interrupted_repair_resumes_and_finishes(cluster: LocalCluster, client: 
     for f in glob.glob(str(Path(cluster.nodes["s5"].data) / "fragments" / "*" / "*")):
         os.unlink(f)
 
-    async def partial() -> int:
-        async with Client.connect(cluster.path) as c:
-            w = await prepare_repair(c, state_path=cluster.dir / "repair.state.json")
-            for _ in range(5):  # then "killed": the state file says how far it got
-                await w.step()
-            return w.report.objects_checked
-    assert asyncio.run(partial()) == 5
-    assert (cluster.dir / "repair.state.json").exists()
+    state = cluster.dir / "repair.state.json"
+    slow = subprocess.Popen([sys.executable, "-m", "cli.main", "--cluster", str(cluster.path),
+                             "repair", "--rate", "0.3", "--json"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(state.exists, timeout_s=60, what="the repair's first saved position")
+    finally:
+        slow.kill()  # SIGKILL in the middle of the pass
+        slow.wait(timeout=10)
+    done_before = json.loads(state.read_text())
+    assert done_before["key"] < max(objects)
     rest = run_cli(cluster, "repair", "--json")
     assert rest.returncode == 0, rest.stderr.decode()
-    assert json.loads(rest.stdout)["objects_checked"] == len(objects) - 5
+    checked = json.loads(rest.stdout)["objects_checked"]
+    assert 0 < checked < len(objects)  # it went on from where the killed run stopped
     assert not (cluster.dir / "repair.state.json").exists()
     assert every_fragment_good(cluster) == []
 
