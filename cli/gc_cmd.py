@@ -5,10 +5,7 @@ import argparse
 import json
 from typing import Any
 
-from rich.progress import BarColumn, Progress
-from rich.table import Table
-
-from cli.main import err, out, with_client
+from cli.main import drive, err, report_table, with_client
 from store.client import Client
 from store.errors import BadRequest
 from store.gc import DEFAULT_GRACE_S, prepare_gc
@@ -19,16 +16,11 @@ async def cmd_gc(c: Client, a: argparse.Namespace) -> int:
         raise BadRequest("--grace must be >= 0")
     err.print("reading fragment listings, then metadata ...")
     worker = await prepare_gc(c, a.grace, a.dry_run)
-    total = worker.total
-    show = err.is_terminal and not a.json
-    with Progress("{task.description}", BarColumn(), "{task.completed}/{task.total}",
-                  console=err, transient=True, disable=not show) as progress:
-        task = progress.add_task("gc" + (" (dry run)" if a.dry_run else ""), total=total)
-        while await worker.step():
-            r = worker.report
-            progress.update(task, completed=total - worker.remaining,
-                            description=f"gc: {r.fragments_deleted} fragments deleted, "
-                                        f"{r.tombstones_purged} tombstones purged")
+    r = worker.report
+    await drive(worker, "gc" + (" (dry run)" if a.dry_run else ""),
+                lambda: f"gc: {r.fragments_deleted} fragments deleted, "
+                        f"{r.tombstones_purged} tombstones purged",
+                err.is_terminal and not a.json, total=worker.total)
     rep = worker.report.to_dict()
     rep["grace_s"] = a.grace
     rep["dry_run"] = a.dry_run
@@ -43,27 +35,21 @@ def _table(rep: dict[str, Any]) -> None:
     title = f"garbage collection, grace {rep['grace_s']:g} s"
     if rep["dry_run"]:
         title += " (dry run: nothing deleted)"
-    t = Table(title=title, box=None)
-    t.add_column("")
-    t.add_column("count", justify="right")
-    rows = [("fragments listed", rep["fragments_listed"]),
-            ("fragments garbage", rep["fragments_garbage"]),
-            ("fragments deleted", rep["fragments_deleted"]),
-            ("kept: live", rep["kept_live"]),
-            ("kept: younger than grace", rep["kept_young"]),
-            ("tombstones seen", rep["tombstones_seen"]),
-            ("tombstones purgeable", rep["tombstones_purgeable"]),
-            ("tombstones purged", rep["tombstones_purged"]),
-            ("tombstones repaired first", rep["tombstones_repaired"]),
-            ("tombstones younger than grace", rep["tombstones_young"]),
-            ("errors", rep["error_count"])]
+    rows: list[tuple[str, object]] = [
+        ("fragments listed", rep["fragments_listed"]),
+        ("fragments garbage", rep["fragments_garbage"]),
+        ("fragments deleted", rep["fragments_deleted"]),
+        ("kept: live", rep["kept_live"]),
+        ("kept: younger than grace", rep["kept_young"]),
+        ("tombstones seen", rep["tombstones_seen"]),
+        ("tombstones purgeable", rep["tombstones_purgeable"]),
+        ("tombstones purged", rep["tombstones_purged"]),
+        ("tombstones repaired first", rep["tombstones_repaired"]),
+        ("tombstones younger than grace", rep["tombstones_young"]),
+        ("errors", rep["error_count"])]
     if rep["kept_foreign"]:
         rows.insert(5, ("kept: not a fragment id", rep["kept_foreign"]))
-    for name, value in rows:
-        t.add_row(name, str(value))
-    out.print(t)
-    for e in rep["errors"]:
-        err.print(f"[yellow]warning:[/] {e}", highlight=False)
+    report_table(title, rows, rep["errors"])
 
 
 def register(sub: Any) -> None:

@@ -328,6 +328,29 @@ async def cmd_rm(c: Client, a: argparse.Namespace) -> int:
     return 0
 
 
+async def drive(worker: Any, label: str, status: Callable[[], str], show: bool,
+                total: int | None = None) -> None:
+    """Step a worker (repair, rebalance, gc) to its end, with a progress bar on a terminal."""
+    total = worker.remaining if total is None else total
+    with Progress("{task.description}", BarColumn(), "{task.completed}/{task.total}",
+                  console=err, transient=True, disable=not show) as progress:
+        task = progress.add_task(label, total=total)
+        while await worker.step():
+            progress.update(task, completed=total - worker.remaining, description=status())
+
+
+def report_table(title: str, rows: list[tuple[str, object]], errors: list[str]) -> None:
+    """A worker's summary as a two-column table, then its errors as warnings."""
+    t = Table(title=title, box=None)
+    t.add_column("")
+    t.add_column("count", justify="right")
+    for name, value in rows:
+        t.add_row(name, str(value))
+    out.print(t)
+    for e in errors:
+        err.print(f"[yellow]warning:[/] {e}", highlight=False)
+
+
 async def cmd_repair(c: Client, a: argparse.Namespace) -> int:
     from store.cluster import cluster_path
     from store.repair import prepare_repair
@@ -337,32 +360,24 @@ async def cmd_repair(c: Client, a: argparse.Namespace) -> int:
         state.unlink(missing_ok=True)
     err.print("reading metadata and fragment listings ...")
     worker = await prepare_repair(c, a.dry_run, a.rate, state)
-    total = worker.remaining
     if worker.skipped:
         err.print(f"resuming: {worker.skipped} objects were done by an earlier run")
-    show = err.is_terminal and not a.json
-    with Progress("{task.description}", BarColumn(), "{task.completed}/{task.total} objects",
-                  console=err, transient=True, disable=not show) as progress:
-        task = progress.add_task("repair" + (" (dry run)" if a.dry_run else ""), total=total)
-        while await worker.step():
-            progress.update(task, completed=total - worker.remaining,
-                            description=f"repair: {worker.report.fragments_rebuilt} rebuilt, "
-                                        f"{human(worker.report.bytes_rebuilt)}")
+    r = worker.report
+    await drive(worker, "repair" + (" (dry run)" if a.dry_run else ""),
+                lambda: f"repair: {r.fragments_rebuilt} rebuilt, {human(r.bytes_rebuilt)}",
+                err.is_terminal and not a.json)
     worker.report.seconds = time.monotonic() - worker.limiter.start
     worker.finish()
     rep = worker.report.to_dict()
     if a.json:
         print(json.dumps(rep, indent=2))
     else:
-        t = Table(title="repair" + (" (dry run: nothing written)" if a.dry_run else ""), box=None)
-        t.add_column("")
-        t.add_column("count", justify="right")
-        for name in ("objects_checked", "segments_damaged", "fragments_missing",
-                     "fragments_rebuilt", "failed"):
-            t.add_row(name.replace("_", " "), str(rep[name]))
-        t.add_row("bytes rebuilt", human(rep["bytes_rebuilt"]))
-        t.add_row("unrecoverable objects", str(len(rep["unrecoverable"])))
-        out.print(t)
+        names = ("objects_checked", "segments_damaged", "fragments_missing",
+                 "fragments_rebuilt", "failed")
+        report_table("repair" + (" (dry run: nothing written)" if a.dry_run else ""),
+                     [(n.replace("_", " "), rep[n]) for n in names]
+                     + [("bytes rebuilt", human(rep["bytes_rebuilt"])),
+                        ("unrecoverable objects", len(rep["unrecoverable"]))], [])
         for name in rep["unrecoverable"]:
             out.print(f"[red]unrecoverable:[/] {name}", highlight=False)
         for e in rep["errors"]:

@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rich.progress import BarColumn, DownloadColumn, Progress
 from rich.table import Table
 
 from placement.cluster_map import ClusterMap
@@ -112,7 +111,7 @@ def ring_command(op: str) -> Any:
 
 
 async def cmd_rebalance(c: Client, a: argparse.Namespace) -> int:
-    from cli.main import err, human, out
+    from cli.main import drive, err, human, report_table
     from store.rebalance import prepare_rebalance
 
     state = cluster_path(a.cluster).parent / "rebalance.state.json"
@@ -120,15 +119,9 @@ async def cmd_rebalance(c: Client, a: argparse.Namespace) -> int:
     w = await prepare_rebalance(c, a.dry_run, a.rate, state)
     if w.resumed_after:
         err.print(f"resuming: {w.resumed_after} objects were done by an earlier run")
-    total = w.remaining
-    show = err.is_terminal and not a.json
-    with Progress("{task.description}", BarColumn(), "{task.completed}/{task.total} objects",
-                  DownloadColumn(), console=err, transient=True, disable=not show) as progress:
-        task = progress.add_task("rebalance", total=total)
-        while await w.step():
-            progress.update(task, completed=total - w.remaining,
-                            description=f"rebalance: {w.report.moved} moved, "
-                                        f"{human(w.report.bytes_moved)}")
+    r = w.report
+    await drive(w, "rebalance", lambda: f"rebalance: {r.moved} moved, {human(r.bytes_moved)}",
+                err.is_terminal and not a.json)
     w.report.seconds = time.monotonic() - w.limiter.start
     w.finish()
     rep = w.report.to_dict()
@@ -136,18 +129,13 @@ async def cmd_rebalance(c: Client, a: argparse.Namespace) -> int:
     if a.json:
         print(json.dumps(rep, indent=2))
     else:
-        t = Table(title="rebalance" + (" (dry run: would move)" if a.dry_run else ""), box=None)
-        t.add_column("")
-        t.add_column("count", justify="right")
-        for name in ("objects_checked", "moved", "skipped", "failed"):
-            t.add_row(name.replace("_", " "), str(rep[name]))
-        t.add_row("bytes moved", human(rep["bytes_moved"]))
         md = rep["metadata"]
-        t.add_row("metadata records moved", str(md["copied"]))
-        t.add_row("metadata failed", str(md["failed"]))
-        out.print(t)
-        for e in rep["errors"]:
-            err.print(f"[yellow]warning:[/] {e}", highlight=False)
+        report_table("rebalance" + (" (dry run: would move)" if a.dry_run else ""),
+                     [(n.replace("_", " "), rep[n])
+                      for n in ("objects_checked", "moved", "skipped", "failed")]
+                     + [("bytes moved", human(rep["bytes_moved"])),
+                        ("metadata records moved", md["copied"]),
+                        ("metadata failed", md["failed"])], rep["errors"])
     return 1 if rep["failed"] or rep["metadata"]["failed"] else 0
 
 
@@ -193,14 +181,9 @@ def cmd_add_node(a: argparse.Namespace) -> int:
         cluster.forget_node(spec.id)
         raise
     if a.role == "control":
-        _install_map_on(cluster, spec.id)
+        cluster.install_map()  # publish_map reached it already; this checks it holds the map
     err.print(f"started {spec.id} at {spec.url}; run `ecstore rebalance` to move data onto it")
     return 0
-
-
-def _install_map_on(cluster: Any, node_id: str) -> None:
-    """A new control node got the map from publish_map; check it holds it."""
-    cluster.install_map()
 
 
 def cmd_remove_node(a: argparse.Namespace) -> int:

@@ -4,7 +4,6 @@ Routes (all signed except /v1/health), see docs/PROTOCOL.md.
 """
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from node.metadb import MetaDB, bucket_key, object_key
-from node.server import make_base_app, query_int, run, secret_from_env, verified_body
+from node.server import make_base_app, node_arg_parser, query_int, run, secret_from_env, verified_body
 from placement.cluster_map import ClusterMap
 from store.errors import BadRequest, Conflict, NotFound
 from store.names import check_bucket_name, check_key
@@ -219,12 +218,7 @@ def make_app(config: ControlConfig) -> web.Application:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m node.control")
-    p.add_argument("--id", required=True)
-    p.add_argument("--data", required=True, type=Path)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--no-fsync", action="store_true")
+    p = node_arg_parser("control")
     a = p.parse_args(argv)
     cfg = ControlConfig(a.id, a.data, secret_from_env(), a.host, a.port, not a.no_fsync)
     run(make_app(cfg), cfg.host, cfg.port)

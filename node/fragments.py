@@ -44,7 +44,7 @@ class Fragment:
     fid: str
     checksum: str
     meta: dict[str, Any]
-    body: bytes
+    body: bytes | memoryview
 
 
 class FragmentStore:
@@ -187,7 +187,7 @@ def parse_fragment(fid: str, raw: bytes, verify: bool = True) -> Fragment:
         checksum, size, meta = header["checksum"], header["size"], header["meta"]
     except (BadRequest, KeyError, TypeError):
         raise Corrupt(f"fragment {fid} has a damaged header") from None
-    body = raw[8 + hlen:]
+    body = memoryview(raw)[8 + hlen:]  # no copy of the body: hashed and sent as is
     if len(body) != size or (verify and hashlib.sha256(body).hexdigest() != checksum):
         raise Corrupt(f"fragment {fid} failed its checksum")
     return Fragment(fid, checksum, meta, body)

@@ -1,6 +1,7 @@
 """Plumbing shared by every server role: errors to statuses, authentication, running."""
 from __future__ import annotations
 
+import argparse
 import asyncio
 import hashlib
 import json
@@ -8,6 +9,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from aiohttp import web
 
@@ -104,3 +106,14 @@ def query_int(request: web.Request, name: str, default: int, maximum: int) -> in
     if not 1 <= value <= maximum:
         raise BadRequest(f"{name} must be between 1 and {maximum}")
     return value
+
+
+def node_arg_parser(role: str) -> argparse.ArgumentParser:
+    """The flags every node role takes: --id, --data, --host, --port, --no-fsync."""
+    p = argparse.ArgumentParser(prog=f"python -m node.{role}")
+    p.add_argument("--id", required=True)
+    p.add_argument("--data", required=True, type=Path)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--no-fsync", action="store_true")
+    return p

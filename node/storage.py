@@ -4,7 +4,6 @@ Routes (all signed with the cluster secret except /v1/health), see docs/PROTOCOL
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
@@ -26,7 +25,7 @@ from node.scrub import (
     scrub_loop,
     scrub_now,
 )
-from node.server import make_base_app, query_int, run, secret_from_env
+from node.server import make_base_app, node_arg_parser, query_int, run, secret_from_env
 from store.auth import CHECKSUM_HEADER
 from store.wire import FRAGMENT_META_HEADER as META_HEADER
 from store.wire import pack, pack_header, unpack_header
@@ -165,12 +164,7 @@ def make_app(config: StorageConfig) -> web.Application:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m node.storage")
-    p.add_argument("--id", required=True)
-    p.add_argument("--data", required=True, type=Path)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--no-fsync", action="store_true")
+    p = node_arg_parser("storage")
     p.add_argument("--scrub-rate-mb-s", type=float, default=_env_rate(),
                    help=f"background scrub read rate, 0 = off (default ${SCRUB_RATE_ENV}, "
                    f"else {DEFAULT_SCRUB_RATE_MB_S})")

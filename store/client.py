@@ -246,7 +246,7 @@ class Client:
                       record: dict[str, Any]) -> None:
         nodes = cmap.control_nodes_for(f"{bucket}/{key}")
         w, _ = effective_quorums(cmap, len(nodes))
-        await self.meta.write(nodes, _meta_path(bucket, key), record, w)
+        await self.meta.write(nodes, meta_path(bucket, key), record, w)
 
     async def _put_segments(self, cmap: ClusterMap, pol: Policy, bucket: str, key: str,
                             vid: str, record: dict[str, Any],
@@ -289,7 +289,7 @@ class Client:
             errors = []
             while node is not None:
                 try:
-                    await self._put_fragment(node, fid, frags[i], meta)
+                    await self.put_fragment(node, fid, frags[i], meta)
                     written.append((fid, node))
                     if node is not primaries[i]:
                         handoffs[f"{seg}.{i}"] = node.id
@@ -306,7 +306,7 @@ class Client:
         if failed:
             raise failed[0]
 
-    async def _put_fragment(self, node: Node, fid: str, body: bytes,
+    async def put_fragment(self, node: Node, fid: str, body: bytes,
                             meta: dict[str, Any]) -> None:
         checksum = hashlib.sha256(body).hexdigest()
         await self.t.request("PUT", node.address, f"/v1/fragments/{fid}", body=body,
@@ -330,9 +330,9 @@ class Client:
 
     # ---- get -------------------------------------------------------------------------
     async def head(self, bucket: str, key: str) -> ObjectInfo:
-        return ObjectInfo.from_record(bucket, key, await self._live_record(bucket, key))
+        return ObjectInfo.from_record(bucket, key, await self.live_record(bucket, key))
 
-    async def _live_record(self, bucket: str, key: str) -> dict[str, Any]:
+    async def live_record(self, bucket: str, key: str) -> dict[str, Any]:
         check_bucket_name(bucket)
         check_key(key)
         cmap = await self.cluster_map()
@@ -340,7 +340,7 @@ class Client:
         nodes = cmap.metadata_nodes_for(f"{bucket}/{key}")  # + where it was, while it moves
         _, r = effective_quorums(cmap, len(owners))
         needed = min(len(nodes), r + len(nodes) - len(owners))
-        record = await self.meta.read(nodes, _meta_path(bucket, key), needed)
+        record = await self.meta.read(nodes, meta_path(bucket, key), needed)
         if record is None or record["deleted"]:
             raise NotFound(f"no such object: {bucket}/{key}")
         return record
@@ -354,7 +354,7 @@ class Client:
     async def get_stream(self, bucket: str, key: str, start: int | None = None,
                          end: int | None = None) -> AsyncIterator[bytes]:
         """Yield the object's bytes segment by segment, reading ahead a few segments."""
-        record = await self._live_record(bucket, key)
+        record = await self.live_record(bucket, key)
         lo, hi = resolve_range(record["size"], start, end)
         if record.get("inline") is not None:
             if hi > lo:
@@ -394,14 +394,14 @@ class Client:
         async def fetch(i: int) -> None:
             fid = fragment_id(vid, seg, i)
             try:
-                good[i] = await self._get_fragment(nodes[i], fid)
+                good[i] = await self.get_fragment(nodes[i], fid)
                 return
             except EcstoreError as exc:
                 errors.append(f"{nodes[i].id}/{i}: {exc.code}")
             prev = self._previous_node(cmap, record, seg, i)
             if prev is not None and prev.id != nodes[i].id:  # not moved yet by a rebalance
                 try:
-                    good[i] = await self._get_fragment(prev, fid)
+                    good[i] = await self.get_fragment(prev, fid)
                 except EcstoreError as exc:
                     errors.append(f"{prev.id}/{i}: {exc.code}")
 
@@ -431,7 +431,7 @@ class Client:
         return cmap.previous_fragment_node(record_policy(cmap, record), record["version_id"],
                                            seg, i)
 
-    async def _get_fragment(self, node: Node, fid: str) -> bytes:
+    async def get_fragment(self, node: Node, fid: str) -> bytes:
         reply = await self.t.request("GET", node.address, f"/v1/fragments/{fid}",
                                      timeout_s=FRAGMENT_TIMEOUT_S)
         if hashlib.sha256(reply.body).hexdigest() != reply.headers.get(CHECKSUM_HEADER):
@@ -441,7 +441,7 @@ class Client:
     # ---- delete and list -------------------------------------------------------------
     async def delete(self, bucket: str, key: str) -> None:
         """Write a tombstone; NotFound if there is no live object."""
-        await self._live_record(bucket, key)
+        await self.live_record(bucket, key)
         cmap = await self.cluster_map()
         record = {"ts": time.time_ns(), "version_id": new_version_id(), "deleted": True}
         await self._commit(cmap, bucket, key, record)
@@ -505,7 +505,7 @@ def record_policy(cmap: ClusterMap, record: dict[str, Any]) -> Policy:
                   tier=cmap.policy(record["policy"]).tier)
 
 
-def _meta_path(bucket: str, key: str) -> str:
+def meta_path(bucket: str, key: str) -> str:
     return f"/v1/objects/{bucket}/{quote_key(key)}"
 
 

@@ -33,9 +33,9 @@ from placement.nodes import Node
 from store.client import Client
 from store.errors import EcstoreError, NotFound, Unavailable
 from store.metadata import META_TIMEOUT_S
-from store.repair import live_records, node_listing
 from store.transport import quote_key
 from store.wire import pack, unpack
+from store.workers import WorkReport, all_listings, live_records
 
 DEFAULT_GRACE_S = 3600.0
 FRAGMENT_BATCH = 64
@@ -120,7 +120,7 @@ def plan_tombstone(replicas: Sequence[str], answers: Mapping[str, dict[str, Any]
 
 # ---- gathering --------------------------------------------------------------------------
 @dataclass
-class GcReport:
+class GcReport(WorkReport):
     fragments_listed: int = 0
     fragments_garbage: int = 0
     fragments_deleted: int = 0
@@ -137,10 +137,7 @@ class GcReport:
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
-        d["errors"] = self.errors[:20]
-        d["error_count"] = len(self.errors)
-        return d
+        return {**super().to_dict(), "error_count": len(self.errors)}
 
 
 async def control_scan(c: Client, cmap: ClusterMap
@@ -287,15 +284,7 @@ async def prepare_gc(c: Client, grace_s: float = DEFAULT_GRACE_S,
     if grace_s < 0:
         raise ValueError("grace must be >= 0")
     cmap = await c.cluster_map(refresh=True)
-    nodes = cmap.all_storage_nodes()
-    results = await asyncio.gather(*(node_listing(c, n) for n in nodes), return_exceptions=True)
-    listings: dict[str, set[str]] = {}
-    errors = []
-    for node, res in zip(nodes, results):
-        if isinstance(res, BaseException):
-            errors.append(f"storage node {node.id} did not answer its listing")
-        else:
-            listings[node.id] = res
+    listings, errors = await all_listings(c, cmap.all_storage_nodes())
     now_ns = time.time_ns()                           # after the listings, before the records
     scan = await control_scan(c, cmap)
     live: set[str] = {r["version_id"] for rows in scan.values() for r in rows.values()

@@ -13,24 +13,23 @@ from typing import Any
 
 from placement.cluster_map import ClusterMap
 from placement.nodes import Node
-from store.client import Client, _meta_path
+from store.client import Client, meta_path
 from store.errors import EcstoreError, NotFound
 from store.transport import quote_key
 from store.wire import pack, unpack
+from store.workers import WorkReport
 
 SCAN_PAGE = 1000
 
 
 @dataclass
-class MetaMoveReport:
+class MetaMoveReport(WorkReport):
     records_checked: int = 0
     copied: int = 0
     dropped: int = 0
     failed: int = 0
     errors: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "errors": self.errors[:20]}
+    seconds: float = 0.0
 
 
 def control_nodes_all(cmap: ClusterMap) -> dict[str, Node]:
@@ -90,7 +89,7 @@ async def _move_bucket(c: Client, cmap: ClusterMap, node: Node, bucket: str, dry
                 if dry_run and node.id not in {o.id for o in owners}:
                     report.copied += 1
                 continue
-            if await _put_all(c, owners, _meta_path(bucket, key), rec, report):
+            if await _put_all(c, owners, meta_path(bucket, key), rec, report):
                 await _drop(c, node, bucket, key, rec["version_id"], report)
         if not page["truncated"] or not page["records"]:
             return

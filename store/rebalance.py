@@ -9,7 +9,6 @@ previous epoch put it (store.client), so reads keep working during the move.
 """
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,9 +20,9 @@ from placement.nodes import Node
 from store.auth import CHECKSUM_HEADER
 from store.client import Client, expected_fragment_nodes
 from store.errors import Corrupt, EcstoreError
-from store.repair import Checkpoint, RateLimiter, live_records, node_listing
 from store.striping import fragment_id
 from store.wire import FRAGMENT_META_HEADER, unpack_header
+from store.workers import Checkpoint, RateLimiter, WorkReport, all_listings, live_records
 
 
 @dataclass(frozen=True)
@@ -57,7 +56,7 @@ def plan_moves(cmap: ClusterMap, record: dict[str, Any], listings: Mapping[str, 
 
 
 @dataclass
-class RebalanceReport:
+class RebalanceReport(WorkReport):
     objects_checked: int = 0
     moved: int = 0
     bytes_moved: int = 0
@@ -67,10 +66,7 @@ class RebalanceReport:
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
-        d["errors"] = self.errors[:20]
-        d["moved_mb_s"] = round(self.bytes_moved / 1e6 / self.seconds, 2) if self.seconds else 0
-        return d
+        return {**super().to_dict(), "moved_mb_s": self.mb_s(self.bytes_moved)}
 
 
 class RebalanceWorker:
@@ -126,7 +122,7 @@ class RebalanceWorker:
         if checksum != reply.headers.get(CHECKSUM_HEADER):
             raise Corrupt(f"{mv.fid} from {mv.source.id} failed its checksum in transit")
         meta = unpack_header(reply.headers.get(FRAGMENT_META_HEADER))
-        await self.c._put_fragment(mv.target, mv.fid, reply.body, meta)
+        await self.c.put_fragment(mv.target, mv.fid, reply.body, meta)
         await self.c.t.request("DELETE", mv.source.address, path, timeout_s=30)
         return len(reply.body)
 
@@ -139,10 +135,7 @@ async def prepare_rebalance(c: Client, dry_run: bool = False, rate_mb_s: float =
     nodes: dict[str, Node] = {}
     for ring in (*cmap.previous_storage_rings, *cmap.storage_rings):
         nodes.update({n.id: n for n in ring.nodes})
-    results = await asyncio.gather(*(node_listing(c, n) for n in nodes.values()),
-                                   return_exceptions=True)
-    listings = {nid: r for nid, r in zip(nodes, results) if not isinstance(r, BaseException)}
+    listings, errors = await all_listings(c, nodes.values())
     worker = RebalanceWorker(c, cmap, listings, nodes, records, dry_run, rate_mb_s, state_path)
-    worker.report.errors += [f"storage node {nid} did not answer its listing"
-                             for nid in nodes if nid not in listings]
+    worker.report.errors += errors
     return worker

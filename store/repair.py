@@ -7,10 +7,7 @@ request per fragment; a quarantined fragment is not listed, so it counts as miss
 """
 from __future__ import annotations
 
-import asyncio
-import json
-import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,12 +16,9 @@ from placement.cluster_map import ClusterMap
 from placement.nodes import Node
 from store import codec
 from store.client import Client, expected_fragment_nodes
-from store.errors import EcstoreError, NotFound
+from store.errors import EcstoreError
 from store.striping import fragment_id
-from store.wire import unpack
-
-LISTING_PAGE = 10_000
-MAX_PARALLEL_HEADS = 32
+from store.workers import Checkpoint, RateLimiter, WorkReport, all_listings, live_records
 
 
 @dataclass(frozen=True)
@@ -72,7 +66,7 @@ def plan_object(cmap: ClusterMap, bucket: str, key: str, record: dict[str, Any],
 
 
 @dataclass
-class RepairReport:
+class RepairReport(WorkReport):
     objects_checked: int = 0
     segments_damaged: int = 0
     fragments_missing: int = 0
@@ -84,85 +78,7 @@ class RepairReport:
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
-        d["errors"] = self.errors[:20]
-        d["rebuilt_mb_s"] = round(self.bytes_rebuilt / 1e6 / self.seconds, 2) if self.seconds else 0
-        return d
-
-
-async def live_records(c: Client) -> AsyncIterator[tuple[str, str, dict[str, Any]]]:
-    """Every live object's full record, sorted by (bucket, key)."""
-    for bucket in await c.list_buckets():
-        async for page in c.list_all(bucket):
-            sem = asyncio.Semaphore(MAX_PARALLEL_HEADS)
-
-            async def head(key: str) -> dict[str, Any] | None:
-                async with sem:
-                    try:
-                        return await c._live_record(bucket, key)
-                    except NotFound:
-                        return None
-            records = await asyncio.gather(*(head(o.key) for o in page.objects))
-            for o, r in zip(page.objects, records):
-                if r is not None:
-                    yield bucket, o.key, r
-
-
-async def node_listing(c: Client, node: Node) -> set[str]:
-    """Every fragment id one storage node holds (paginated)."""
-    out: set[str] = set()
-    after = ""
-    while True:
-        reply = await c.t.request("GET", node.address, "/v1/fragments",
-                                  query={"after": after, "limit": LISTING_PAGE}, timeout_s=60)
-        page = unpack(reply.body, 64 * 1024 * 1024)
-        out.update(page["fragments"])
-        if not page["truncated"] or not page["fragments"]:
-            return out
-        after = page["fragments"][-1]
-
-
-class RateLimiter:
-    """Keeps bytes per second under rate_mb_s (0 = unlimited)."""
-
-    def __init__(self, rate_mb_s: float) -> None:
-        self.rate_b_s = rate_mb_s * 1e6
-        self.start = time.monotonic()
-        self.bytes = 0
-
-    async def spend(self, n: int) -> None:
-        self.bytes += n
-        if self.rate_b_s <= 0:
-            return
-        ahead_s = self.bytes / self.rate_b_s - (time.monotonic() - self.start)
-        if ahead_s > 0:
-            await asyncio.sleep(ahead_s)
-
-
-class Checkpoint:
-    """How far a resumable pass over sorted (bucket, key) got, in a small JSON file."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-
-    def load(self) -> tuple[str, str]:
-        if self.path is None or not self.path.exists():
-            return ("", "")
-        try:
-            data = json.loads(self.path.read_text())
-            return (str(data["bucket"]), str(data["key"]))
-        except (ValueError, KeyError):
-            return ("", "")
-
-    def save(self, bucket: str, key: str) -> None:
-        if self.path is not None:
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"bucket": bucket, "key": key}))
-            tmp.replace(self.path)
-
-    def finish(self) -> None:
-        if self.path is not None:
-            self.path.unlink(missing_ok=True)
+        return {**super().to_dict(), "rebuilt_mb_s": self.mb_s(self.bytes_rebuilt)}
 
 
 class RepairWorker:
@@ -214,7 +130,7 @@ class RepairWorker:
             if len(got) == k:
                 break
             try:
-                got[i] = await self.c._get_fragment(node, fragment_id(vid, seg.segment, i))
+                got[i] = await self.c.get_fragment(node, fragment_id(vid, seg.segment, i))
             except EcstoreError as exc:
                 r.errors.append(f"{plan.bucket}/{plan.key} seg {seg.segment} idx {i}: {exc.message}")
         if len(got) < k:
@@ -233,7 +149,7 @@ class RepairWorker:
                 "segment": seg.segment}
         for idx, body in zip(seg.missing, rebuilt):
             try:
-                await self.c._put_fragment(seg.targets[idx], fragment_id(vid, seg.segment, idx),
+                await self.c.put_fragment(seg.targets[idx], fragment_id(vid, seg.segment, idx),
                                            body, {**meta, "index": idx})
                 r.fragments_rebuilt += 1
                 r.bytes_rebuilt += len(body)
@@ -249,15 +165,7 @@ async def prepare_repair(c: Client, dry_run: bool = False, rate_mb_s: float = 0.
     """Gather the inputs (records, listings) and return a worker ready to step."""
     cmap = await c.cluster_map(refresh=True)
     records = [r async for r in live_records(c)]
-    nodes = cmap.all_storage_nodes()
-    results = await asyncio.gather(*(node_listing(c, n) for n in nodes), return_exceptions=True)
-    listings: dict[str, set[str]] = {}
-    down = []
-    for node, res in zip(nodes, results):
-        if isinstance(res, BaseException):
-            down.append(node.id)
-        else:
-            listings[node.id] = res
+    listings, errors = await all_listings(c, cmap.all_storage_nodes())
     worker = RepairWorker(c, cmap, listings, records, dry_run, rate_mb_s, state_path)
-    worker.report.errors += [f"storage node {n} did not answer its listing" for n in down]
+    worker.report.errors += errors
     return worker

@@ -43,13 +43,13 @@ def every_fragment_good(cluster: LocalCluster) -> list[str]:
             cmap = await c.cluster_map()
             async for page in c.list_all("heal"):
                 for o in page.objects:
-                    rec = await c._live_record("heal", o.key)
+                    rec = await c.live_record("heal", o.key)
                     for seg in range(rec["segments"]):
                         nodes = expected_nodes(cmap, rec, seg)
                         for i, node in enumerate(nodes):
                             fid = fragment_id(rec["version_id"], seg, i)
                             try:
-                                await c._get_fragment(node, fid)
+                                await c.get_fragment(node, fid)
                             except Exception as exc:  # noqa: BLE001 - collected for the assert
                                 bad.append(f"{fid}@{node.id}: {exc}")
         return bad

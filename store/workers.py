@@ -1,0 +1,119 @@
+"""Plumbing shared by the background workers (repair, rebalance, garbage collection):
+what exists (live records, fragment listings), pacing, resumable position, reports."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import Any
+
+from placement.nodes import Node
+from store.client import Client
+from store.errors import NotFound
+from store.wire import unpack
+
+LISTING_PAGE = 10_000
+MAX_PARALLEL_HEADS = 32
+MAX_REPORTED_ERRORS = 20
+
+
+class WorkReport:
+    """Mixin of the workers' report dataclasses: JSON-ready, errors capped."""
+
+    errors: list[str]
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "errors": self.errors[:MAX_REPORTED_ERRORS]}
+
+    def mb_s(self, n_bytes: int) -> float:
+        return round(n_bytes / 1e6 / self.seconds, 2) if self.seconds else 0
+
+
+async def live_records(c: Client) -> AsyncIterator[tuple[str, str, dict[str, Any]]]:
+    """Every live object's full record, sorted by (bucket, key)."""
+    for bucket in await c.list_buckets():
+        async for page in c.list_all(bucket):
+            sem = asyncio.Semaphore(MAX_PARALLEL_HEADS)
+
+            async def head(key: str) -> dict[str, Any] | None:
+                async with sem:
+                    try:
+                        return await c.live_record(bucket, key)
+                    except NotFound:
+                        return None
+            records = await asyncio.gather(*(head(o.key) for o in page.objects))
+            for o, r in zip(page.objects, records):
+                if r is not None:
+                    yield bucket, o.key, r
+
+
+async def node_listing(c: Client, node: Node) -> set[str]:
+    """Every fragment id one storage node holds (paginated)."""
+    out: set[str] = set()
+    after = ""
+    while True:
+        reply = await c.t.request("GET", node.address, "/v1/fragments",
+                                  query={"after": after, "limit": LISTING_PAGE}, timeout_s=60)
+        page = unpack(reply.body, 64 * 1024 * 1024)
+        out.update(page["fragments"])
+        if not page["truncated"] or not page["fragments"]:
+            return out
+        after = page["fragments"][-1]
+
+
+async def all_listings(c: Client, nodes: Iterable[Node]) -> tuple[dict[str, set[str]], list[str]]:
+    """Every node's fragment ids, asked in parallel: ({node_id: ids}, [errors])."""
+    nodes = list(nodes)
+    results = await asyncio.gather(*(node_listing(c, n) for n in nodes), return_exceptions=True)
+    listings = {n.id: r for n, r in zip(nodes, results) if not isinstance(r, BaseException)}
+    errors = [f"storage node {n.id} did not answer its listing"
+              for n in nodes if n.id not in listings]
+    return listings, errors
+
+
+class RateLimiter:
+    """Keeps bytes per second under rate_mb_s (0 = unlimited)."""
+
+    def __init__(self, rate_mb_s: float) -> None:
+        self.rate_b_s = rate_mb_s * 1e6
+        self.start = time.monotonic()
+        self.bytes = 0
+
+    async def spend(self, n: int) -> None:
+        self.bytes += n
+        if self.rate_b_s <= 0:
+            return
+        ahead_s = self.bytes / self.rate_b_s - (time.monotonic() - self.start)
+        if ahead_s > 0:
+            await asyncio.sleep(ahead_s)
+
+
+class Checkpoint:
+    """How far a resumable pass over sorted (bucket, key) got, in a small JSON file."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+
+    def load(self) -> tuple[str, str]:
+        if self.path is None or not self.path.exists():
+            return ("", "")
+        try:
+            data = json.loads(self.path.read_text())
+            return (str(data["bucket"]), str(data["key"]))
+        except (ValueError, KeyError):
+            return ("", "")
+
+    def save(self, bucket: str, key: str) -> None:
+        if self.path is not None:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"bucket": bucket, "key": key}))
+            tmp.replace(self.path)
+
+    def finish(self) -> None:
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+
+
