@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import shutil
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, Callable
 
@@ -101,15 +102,8 @@ async def repair_row(c: Client, cluster: LocalCluster, log: Callable[[str], None
     await asyncio.to_thread(cluster.stop_node, VICTIM)
     shutil.rmtree(Path(data) / "fragments", ignore_errors=True)
     await _restart(cluster, VICTIM)
-    t0 = time.perf_counter()
-    w = await prepare_repair(c)
-    t_prep = time.perf_counter() - t0
-    while await w.step():
-        pass
-    secs = time.perf_counter() - t0
-    w.finish()
+    w, t_prep, secs = await _timed_pass(prepare_repair(c))
     r = w.report
-    r.seconds = secs
     if r.unrecoverable:
         errs.add(f"unrecoverable: {r.unrecoverable[:5]}", len(r.unrecoverable))
     if r.failed:
@@ -153,15 +147,8 @@ async def rebalance_row(c: Client, cluster: LocalCluster,
     if not_reached:
         errs.add(f"map epoch {new.epoch} not reached: {not_reached}", len(not_reached))
     n_after = len(old_ids) + 1
-    t0 = time.perf_counter()
-    w = await prepare_rebalance(c)
-    t_prep = time.perf_counter() - t0
-    while await w.step():
-        pass
-    secs = time.perf_counter() - t0
-    w.finish()
+    w, t_prep, secs = await _timed_pass(prepare_rebalance(c))
     r = w.report
-    r.seconds = secs
     if r.failed:
         errs.add(f"{r.failed} moves failed: {r.errors[:3]}", r.failed)
     if r.skipped:
@@ -256,3 +243,16 @@ def ring_movement(keys: int = 100_000, n: int = 6, part_power: int = 10) -> dict
                 extra={"moved_fraction": frac, "optimum_fraction": optimum,
                        "moved_placements": moved, "part_power": part_power,
                        "partition_moved_fraction": report.moved_fraction(n)})
+
+
+async def _timed_pass(preparing: Awaitable[Any]) -> tuple[Any, float, float]:
+    """Prepare a worker and step it to its end: (worker, prepare seconds, total seconds)."""
+    t0 = time.perf_counter()
+    w = await preparing
+    t_prep = time.perf_counter() - t0
+    while await w.step():
+        pass
+    secs = time.perf_counter() - t0
+    w.finish()
+    w.report.seconds = secs
+    return w, t_prep, secs

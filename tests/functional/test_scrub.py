@@ -3,20 +3,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from aiohttp.test_utils import TestServer
 
 from node.fragments import FragmentStore
 from node.scrub import Scrubber, ScrubStats, pacing_pause_s, scrub_now, step_budget_bytes
-from node.storage import StorageConfig, make_app
 from store.errors import Corrupt, NotFound
 from store.transport import Transport
 from store.wire import unpack
-
-SECRET = "s" * 32
+from tests.functional.harness import run
 
 
 def flip_last_byte(data_dir: Path, fid: str) -> None:
@@ -111,21 +107,6 @@ def test_pacing_pause_keeps_the_rate() -> None:
     with pytest.raises(ValueError):
         pacing_pause_s(1, 0.0, 0)
     assert step_budget_bytes(8 * mb) == 8 * mb and step_budget_bytes(0.000001) == 1
-
-
-def run(tmp_path: Path, body: Callable[[Transport, str], Awaitable[None]],
-        **config: float) -> None:
-    async def go() -> None:
-        app = make_app(StorageConfig("s1", tmp_path, SECRET, **config))  # type: ignore[arg-type]
-        server = TestServer(app, host="127.0.0.1")
-        await server.start_server()
-        t = Transport(SECRET)
-        try:
-            await body(t, str(server.make_url("")).rstrip("/"))
-        finally:
-            await t.close()
-            await server.close()
-    asyncio.run(go())
 
 
 async def status(t: Transport, url: str) -> dict[str, object]:

@@ -1,34 +1,16 @@
 """One storage node in-process on port 0: fragment ops, checksums, bad input."""
 from __future__ import annotations
 
-import asyncio
 import hashlib
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestServer
 
-from node.storage import StorageConfig, make_app
 from store.auth import sign_headers
 from store.errors import BadRequest, Corrupt, NotFound, Unauthorized
 from store.transport import Transport
-
-SECRET = "s" * 32
-
-
-def run(tmp_path: Path, body: Callable[[Transport, str], Awaitable[None]]) -> None:
-    async def go() -> None:
-        server = TestServer(make_app(StorageConfig("s1", tmp_path, SECRET)), host="127.0.0.1")
-        await server.start_server()
-        t = Transport(SECRET)
-        try:
-            await body(t, str(server.make_url("")).rstrip("/"))
-        finally:
-            await t.close()
-            await server.close()
-    asyncio.run(go())
+from tests.functional.harness import SECRET, run
 
 
 def test_put_get_head_delete_list(tmp_path: Path) -> None:
