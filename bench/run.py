@@ -478,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
                             "python": sys.version.split()[0], "platform": platform.platform(),
                             "cpus": os.cpu_count(), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
     with tempfile.TemporaryDirectory(prefix="ecstore-bench-") as tmp:
-        cluster = LocalCluster.create(Path(tmp), storage=6, control=3, k=K, m=M, fsync=True)
+        cluster = LocalCluster.create(Path(tmp), storage=6, control=3, k=K, m=M, fsync=True, gateway=False)
         try:
             log(f"starting cluster in {tmp}")
             t0 = time.perf_counter()
@@ -490,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
             log("stopping cluster")
             cluster.stop()
     with tempfile.TemporaryDirectory(prefix="ecstore-bench-ops-") as tmp:
-        cluster = LocalCluster.create(Path(tmp), storage=6, control=3, k=K, m=M, fsync=True)
+        cluster = LocalCluster.create(Path(tmp), storage=6, control=3, k=K, m=M, fsync=True, gateway=False)
         try:
             log(f"starting ops cluster in {tmp}")
             cluster.start()

@@ -4,6 +4,7 @@ Used by `ecstore cluster up/down` and by the cluster tests (kill, restart, wipe 
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -12,7 +13,9 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +23,11 @@ from typing import Any
 from placement.cluster_map import ClusterMap
 from placement.nodes import Node
 from store.auth import sign_headers
+from store.keys import new_key_pair
 
 HEALTH_TIMEOUT_S = 30.0
+GATEWAY_HEALTH_PATH = "/_ecstore/health"
+GATEWAY_REGION = "us-east-1"
 STOP_TIMEOUT_S = 10.0
 
 
@@ -48,7 +54,7 @@ def pid_alive(pid: int | None) -> bool:
 @dataclass
 class NodeSpec:
     id: str
-    role: str          # "storage" or "control"
+    role: str          # "storage", "control" or "gateway"
     port: int
     data: str
     zone: str = ""
@@ -67,12 +73,22 @@ class NodeSpec:
 
 class LocalCluster:
     def __init__(self, data_dir: Path, secret: str, nodes: list[NodeSpec],
-                 k: int, m: int, fsync: bool = True) -> None:
+                 k: int, m: int, fsync: bool = True,
+                 s3_keys: dict[str, str] | None = None) -> None:
         self.dir = data_dir.resolve()
         self.secret = secret
         self.nodes = {n.id: n for n in nodes}
         self.k, self.m, self.fsync = k, m, fsync
+        self.s3_keys = s3_keys or {}      # the gateway's admin key pair
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    @property
+    def gateway(self) -> dict[str, str] | None:
+        """{"url", "access_key", "secret_key", "region"} of the S3 gateway, or None."""
+        gw = next((n for n in self.nodes.values() if n.role == "gateway"), None)
+        if gw is None:
+            return None
+        return {"url": gw.url, **self.s3_keys, "region": GATEWAY_REGION}
 
     @property
     def path(self) -> Path:
@@ -80,7 +96,7 @@ class LocalCluster:
 
     @staticmethod
     def create(data_dir: Path, storage: int = 6, control: int = 3, k: int = 4, m: int = 2,
-               fsync: bool = True) -> "LocalCluster":
+               fsync: bool = True, gateway: bool = True) -> "LocalCluster":
         if storage < k + m:
             raise ValueError(f"policy {k}+{m} needs at least {k + m} storage nodes, "
                              f"got {storage}")
@@ -91,15 +107,22 @@ class LocalCluster:
                  for i in range(1, control + 1)]
         specs += [NodeSpec(f"s{i}", "storage", free_port(), str(data_dir / f"s{i}"))
                   for i in range(1, storage + 1)]
-        return LocalCluster(data_dir, secrets.token_hex(24), specs, k, m, fsync)
+        keys = {}
+        if gateway:
+            specs.append(NodeSpec("gw1", "gateway", free_port(), str(data_dir / "gw1")))
+            access, secret = new_key_pair()
+            keys = {"access_key": access, "secret_key": secret}
+        return LocalCluster(data_dir, secrets.token_hex(24), specs, k, m, fsync, keys)
 
     @staticmethod
     def load(data_dir: Path) -> "LocalCluster":
         data = json.loads((data_dir / "cluster.json").read_text())
         nodes = [NodeSpec(n["id"], n["role"], n["port"], n["data"], n.get("zone", ""),
                           n.get("tier", "hot"), n.get("pid")) for n in data["nodes"]]
+        gw = data.get("gateway") or {}
+        keys = {k: gw[k] for k in ("access_key", "secret_key") if k in gw}
         return LocalCluster(data_dir, data["secret"], nodes, data["k"], data["m"],
-                            data.get("fsync", True))
+                            data.get("fsync", True), keys)
 
     def running(self) -> list[str]:
         return [n.id for n in self.nodes.values() if pid_alive(n.pid)]
@@ -109,7 +132,7 @@ class LocalCluster:
         data = {
             "secret": self.secret,
             "control": [n.url for n in self.nodes.values() if n.role == "control"],
-            "gateway": None,
+            "gateway": self.gateway,
             "k": self.k, "m": self.m, "fsync": self.fsync,
             "nodes": [n.to_json() for n in self.nodes.values()],
         }
@@ -124,9 +147,15 @@ class LocalCluster:
         Path(n.data).mkdir(parents=True, exist_ok=True)
         logs = self.dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", f"node.{n.role}", "--id", n.id, "--data", n.data,
-               "--port", str(n.port)] + ([] if self.fsync else ["--no-fsync"])
+        cmd = [sys.executable, "-m", f"node.{n.role}", "--id", n.id, "--port", str(n.port)]
         env = {**os.environ, "ECSTORE_SECRET": self.secret}
+        if n.role == "gateway":
+            cmd += ["--control", ",".join(x.url for x in self.nodes.values()
+                                          if x.role == "control")]
+            env.update(ECSTORE_S3_ACCESS_KEY=self.s3_keys["access_key"],
+                       ECSTORE_S3_SECRET_KEY=self.s3_keys["secret_key"])
+        else:
+            cmd += ["--data", n.data] + ([] if self.fsync else ["--no-fsync"])
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
         with open(logs / f"{n.id}.log", "ab") as log:
@@ -153,7 +182,9 @@ class LocalCluster:
 
     def _healthy(self, node_id: str) -> bool:
         try:
-            with urllib.request.urlopen(self.nodes[node_id].url + "/v1/health", timeout=1) as r:
+            n = self.nodes[node_id]
+            path = GATEWAY_HEALTH_PATH if n.role == "gateway" else "/v1/health"
+            with urllib.request.urlopen(n.url + path, timeout=1) as r:
                 return bool(r.status == 200)
         except OSError:
             return False
@@ -182,11 +213,16 @@ class LocalCluster:
         """Start every node not already running, wait for health, install the map."""
         ids = [i for i in self.nodes if not pid_alive(self.nodes[i].pid)]
         for i in ids:
+            if self.nodes[i].role != "gateway":
+                self.start_node(i)
+        self.write()
+        self.wait_healthy([i for i in self.nodes if self.nodes[i].role != "gateway"])
+        self.install_map()
+        gateways = [i for i in ids if self.nodes[i].role == "gateway"]
+        for i in gateways:  # after the map: it reads it at start
             self.start_node(i)
         self.write()
-        self.wait_healthy(list(self.nodes))
-        self.install_map()
-        self.write()
+        self.wait_healthy(gateways)
 
     def stop(self) -> None:
         for i in self.nodes:
@@ -225,27 +261,73 @@ class LocalCluster:
 
     def install_map(self) -> None:
         """Give every control node the map, unless one already holds one (a restart)."""
-        controls = [n for n in self.nodes.values() if n.role == "control"]
-        held = [self._get_map(n) for n in controls]
-        known = [m for m in held if m is not None]
-        data = max(known, key=lambda b: ClusterMap.from_bytes(b).epoch) if known \
-            else self.initial_map().to_bytes()
-        for n, h in zip(controls, held):
-            if h != data:
-                self._signed("PUT", n.url, "/v1/map", data)
+        controls = [n.url for n in self.nodes.values() if n.role == "control"]
+        install_map(self.secret, controls, self.initial_map)
 
-    def _get_map(self, n: NodeSpec) -> bytes | None:
-        try:
-            return self._signed("GET", n.url, "/v1/map", b"")
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                return None
-            raise
 
-    def _signed(self, method: str, url: str, path: str, body: bytes) -> bytes:
-        import hashlib
-        headers = sign_headers(self.secret, method, path, hashlib.sha256(body).hexdigest())
-        req = urllib.request.Request(url + path, data=body or None, method=method,
-                                     headers=headers)
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return bytes(r.read())
+# ---- talking to nodes: shared with `ecstore cluster bootstrap` ----------------------------
+MAP_REQUEST_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class MapInstall:
+    """What install_map did: the epoch every control node now holds, whether that map was
+    built here (no control node held one), and which control nodes were sent it."""
+
+    epoch: int
+    created: bool
+    sent_to: tuple[str, ...]
+    held: bytes
+
+
+def install_map(secret: str, control_urls: list[str],
+                initial: Callable[[], ClusterMap]) -> MapInstall:
+    """Make every control node hold the newest map any of them holds; if none holds one,
+    install `initial()` on all. Idempotent: a rerun sends nothing.
+
+    Raises urllib.error.HTTPError (a node refused, e.g. 401 for a wrong secret or 409 for
+    a racing writer) or OSError (a node unreachable).
+    """
+    held = [fetch_map(secret, url) for url in control_urls]
+    known = [m for m in held if m is not None]
+    data = max(known, key=lambda b: ClusterMap.from_bytes(b).epoch) if known \
+        else initial().to_bytes()
+    sent = []
+    for url, h in zip(control_urls, held):
+        if h != data:
+            signed_request(secret, "PUT", url, "/v1/map", data)
+            sent.append(url)
+    return MapInstall(ClusterMap.from_bytes(data).epoch, not known, tuple(sent), data)
+
+
+def fetch_map(secret: str, url: str) -> bytes | None:
+    """The map a control node holds (msgpack bytes), None if it holds none."""
+    try:
+        return signed_request(secret, "GET", url, "/v1/map", b"")
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise
+
+
+def signed_request(secret: str, method: str, url: str, path: str, body: bytes = b"",
+                   timeout_s: float = MAP_REQUEST_TIMEOUT_S) -> bytes:
+    """One request signed with the cluster secret; the response body. Raises like urlopen."""
+    headers = sign_headers(secret, method, path, hashlib.sha256(body).hexdigest())
+    req = urllib.request.Request(url + path, data=body or None, method=method,
+                                 headers=headers)
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
+        return bytes(r.read())
+
+
+def node_health(url: str, timeout_s: float = 1.0) -> str | None:
+    """None when GET url/v1/health answers 200, else why not (for messages)."""
+    try:
+        with urllib.request.urlopen(url + "/v1/health", timeout=timeout_s) as r:
+            return None if r.status == 200 else f"HTTP {r.status}"
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}"
+    except urllib.error.URLError as exc:
+        return str(exc.reason)
+    except OSError as exc:
+        return str(exc) or type(exc).__name__

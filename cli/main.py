@@ -48,7 +48,7 @@ def cmd_cluster_up(a: argparse.Namespace) -> int:
     else:
         try:
             cluster = LocalCluster.create(data, a.storage, a.control, a.k, a.m,
-                                          fsync=not a.no_fsync)
+                                          fsync=not a.no_fsync, gateway=not a.no_gateway)
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
     try:
@@ -56,9 +56,13 @@ def cmd_cluster_up(a: argparse.Namespace) -> int:
     except (RuntimeError, OSError) as exc:
         cluster.stop()
         raise EcstoreError(f"cluster did not start: {exc}") from None
-    n_storage = sum(1 for n in cluster.nodes.values() if n.role == "storage")
-    err.print(f"cluster up: {len(cluster.nodes) - n_storage} control, {n_storage} storage "
+    roles = [n.role for n in cluster.nodes.values()]
+    err.print(f"cluster up: {roles.count('control')} control, {roles.count('storage')} storage "
               f"nodes, policy {cluster.k}+{cluster.m}; cluster file {cluster.path}")
+    gw = cluster.gateway
+    if gw is not None:
+        err.print(f"S3 gateway: {gw['url']} (access key {gw['access_key']}; the secret key is "
+                  f"in {cluster.path})", highlight=False)
     if a.detach:
         return 0
     err.print("running in the foreground; Ctrl-C stops every node")
@@ -402,12 +406,14 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--m", type=int, default=2, help="parity fragments (default 2)")
     up.add_argument("--detach", action="store_true", help="return once all nodes are healthy")
     up.add_argument("--no-fsync", action="store_true", help="skip fsync (faster, unsafe)")
+    up.add_argument("--no-gateway", action="store_true", help="do not start the S3 gateway")
     up.set_defaults(func=cmd_cluster_up)
     down = clsub.add_parser("down", help="stop a detached local cluster")
     down.add_argument("--data", default=".ecstore")
     down.set_defaults(func=cmd_cluster_down)
     from cli import ops
     ops.register_cluster(clsub)
+    __import__("cli.bootstrap").bootstrap.register_cluster(clsub)
 
     st = sub.add_parser("status", help="every node: up or down, fragments, bytes, epoch")
     st.add_argument("--json", action="store_true")
@@ -454,6 +460,7 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--json", action="store_true")
     rp.set_defaults(func=with_client(cmd_repair))
     __import__("cli.gc_cmd").gc_cmd.register(sub)
+    __import__("cli.keys_cmd").keys_cmd.register(sub)
     return p
 
 

@@ -53,7 +53,7 @@ async def read_record(request: web.Request) -> dict[str, Any]:
 
 
 def _names(request: web.Request) -> tuple[str, str]:
-    return (check_bucket_name(request.match_info["bucket"]),
+    return (check_bucket_name(request.match_info["bucket"], system_ok=True),
             check_key(request.match_info["key"]))
 
 
@@ -111,7 +111,7 @@ LISTED_FIELDS = ("ts", "version_id", "deleted", "size", "etag", "content_type")
 
 async def list_objects(request: web.Request) -> web.Response:
     """Sorted page of records (tombstones included: the client merge drops them)."""
-    bucket = check_bucket_name(request.match_info["bucket"])
+    bucket = check_bucket_name(request.match_info["bucket"], system_ok=True)
     prefix = request.query.get("prefix", "")
     after = request.query.get("after", "")
     limit = query_int(request, "limit", 1000, MAX_SCAN_LIMIT)
@@ -127,7 +127,7 @@ async def list_objects(request: web.Request) -> web.Response:
 
 
 async def put_bucket(request: web.Request) -> web.Response:
-    bucket = check_bucket_name(request.match_info["bucket"])
+    bucket = check_bucket_name(request.match_info["bucket"], system_ok=True)
     record = await read_record(request)
     applied, current = request.app[DB].put_newest(bucket_key(bucket), record)
     return msgpack_response({"applied": applied, "ts": current["ts"],
@@ -135,7 +135,7 @@ async def put_bucket(request: web.Request) -> web.Response:
 
 
 async def get_bucket(request: web.Request) -> web.Response:
-    bucket = check_bucket_name(request.match_info["bucket"])
+    bucket = check_bucket_name(request.match_info["bucket"], system_ok=True)
     record = request.app[DB].get(bucket_key(bucket))
     if record is None:
         raise NotFound(f"no record for bucket {bucket}")

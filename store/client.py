@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, Callable, TypeVar
 
 from placement.cluster_map import ClusterMap
 from placement.nodes import Node
@@ -30,7 +30,7 @@ from store.errors import BadRequest, Conflict, Corrupt, EcstoreError, NotFound, 
 from store.listing import ListResult, merge_listing
 from store.metadata import MetaQuorum, effective_quorums
 from store.names import check_bucket_name, check_key
-from store.striping import fragment_id, plan_fetches, resolve_range, slices_for_range
+from store.striping import Extent, extent_slices, fragment_id, plan_fetches, record_extents, resolve_range
 from store.transport import Transport, quote_key
 from store.wire import FRAGMENT_META_HEADER, pack, pack_header, unpack
 
@@ -153,12 +153,32 @@ class Client:
         return ClusterMap.from_bytes(reply.body)
 
     # ---- buckets -------------------------------------------------------------------
-    async def create_bucket(self, bucket: str) -> None:
+    async def create_bucket(self, bucket: str, **fields: Any) -> None:
+        """Create a bucket; `fields` (e.g. owner, acl) are kept in its record."""
         check_bucket_name(bucket)
         if await self._bucket_record(bucket) is not None:
             raise Conflict(f"bucket {bucket} already exists")
-        await self._write_bucket(bucket, {"deleted": False, "created": time.time()})
+        await self._write_bucket(bucket, {**fields, "deleted": False, "created": time.time()})
         self._buckets_seen[bucket] = time.monotonic()
+
+    async def bucket_record(self, bucket: str) -> dict[str, Any]:
+        """The bucket's record (created, owner, acl ...). Raises NotFound."""
+        check_bucket_name(bucket)
+        rec = await self._bucket_record(bucket)
+        if rec is None:
+            raise NotFound(f"no such bucket: {bucket}")
+        return rec
+
+    async def update_bucket(self, bucket: str, **fields: Any) -> None:
+        """Change fields of an existing bucket's record (e.g. its acl)."""
+        rec = await self.bucket_record(bucket)
+        rec = {k: v for k, v in rec.items() if k not in ("ts", "version_id")}
+        await self._write_bucket(bucket, {**rec, **fields, "deleted": False})
+
+    async def list_bucket_records(self) -> builtins.list[dict[str, Any]]:
+        """Every live bucket's record with its "name", sorted by name."""
+        rows = await self._bucket_rows()
+        return [r for _, r in sorted(rows.items()) if not r["deleted"]]
 
     async def delete_bucket(self, bucket: str) -> None:
         await self._require_bucket(bucket, cached=False)
@@ -167,7 +187,10 @@ class Client:
         await self._write_bucket(bucket, {"deleted": True})
         self._buckets_seen.pop(bucket, None)
 
-    async def list_buckets(self) -> list[str]:
+    async def list_buckets(self) -> builtins.list[str]:
+        return sorted(name for name, r in (await self._bucket_rows()).items() if not r["deleted"])
+
+    async def _bucket_rows(self) -> dict[str, dict[str, Any]]:
         cmap = await self.cluster_map()
         nodes = cmap.control.nodes
         replies = await asyncio.gather(
@@ -183,7 +206,7 @@ class Client:
                 cur = best.get(r["name"])
                 if cur is None or (r["ts"], r["version_id"]) > (cur["ts"], cur["version_id"]):
                     best[r["name"]] = r
-        return sorted(name for name, r in best.items() if not r["deleted"])
+        return best
 
     async def _write_bucket(self, bucket: str, fields: dict[str, Any]) -> None:
         cmap = await self.cluster_map()
@@ -209,10 +232,13 @@ class Client:
     # ---- put -------------------------------------------------------------------------
     async def put(self, bucket: str, key: str, source: Source, *,
                   content_type: str = "application/octet-stream",
-                  meta: dict[str, str] | None = None, policy: str | None = None) -> ObjectInfo:
+                  meta: dict[str, str] | None = None, policy: str | None = None,
+                  extra: Callable[[], dict[str, Any]] | None = None) -> ObjectInfo:
         """Store an object from bytes, a file path, a binary file or an async iterator.
 
         Memory stays bounded by MAX_INFLIGHT_SEGMENTS segments whatever the size.
+        `extra`, called once every byte is read and before the commit, gives more record
+        fields (the gateway's ETag and headers); if it raises, nothing is committed.
         Raises NotFound (no bucket), BadRequest, Unavailable (too few nodes).
         """
         check_key(key)
@@ -238,9 +264,28 @@ class Client:
             size, count = await self._put_segments(cmap, pol, bucket, key, vid, record,
                                                    _chain(first, second, segments))
             record.update(size=size, segments=count)
+        if extra is not None:
+            fields = extra()
+            assert not set(fields) & {"ts", "version_id", "deleted", "size", "segments"}
+            record.update(fields)
         record["ts"] = max(record["ts"], time.time_ns())
         await self._commit(cmap, bucket, key, record)
         return ObjectInfo.from_record(bucket, key, record)
+
+    async def commit(self, bucket: str, key: str, record: dict[str, Any]) -> None:
+        """Write a whole record for bucket/key with the write quorum (the commit point)."""
+        await self._commit(await self.cluster_map(), bucket, key, record)
+
+    async def write_extent(self, pol: Policy, bucket: str, key: str,
+                           source: Source) -> dict[str, Any]:
+        """Encode and place `source` under a new version id without committing anything
+        (a multipart part). Returns {"version_id", "size", "segments", "handoffs"}."""
+        cmap = await self.cluster_map()
+        vid = new_version_id()
+        rec: dict[str, Any] = {"handoffs": {}}
+        size, count = await self._put_segments(cmap, pol, bucket, key, vid, rec,
+                                               _segments(source, pol.segment_size_bytes))
+        return {"version_id": vid, "size": size, "segments": count, "handoffs": rec["handoffs"]}
 
     async def _commit(self, cmap: ClusterMap, bucket: str, key: str,
                       record: dict[str, Any]) -> None:
@@ -335,15 +380,21 @@ class Client:
     async def live_record(self, bucket: str, key: str) -> dict[str, Any]:
         check_bucket_name(bucket)
         check_key(key)
+        record = await self.read_record(bucket, key)
+        if record is None or record["deleted"]:
+            raise NotFound(f"no such object: {bucket}/{key}")
+        return record
+
+    async def read_record(self, bucket: str, key: str) -> dict[str, Any] | None:
+        """The newest record of bucket/key by read quorum (a tombstone too), or None.
+
+        No name checks: also reads the internal namespaces (store.names.SYSTEM_BUCKETS)."""
         cmap = await self.cluster_map()
         owners = cmap.control_nodes_for(f"{bucket}/{key}")
         nodes = cmap.metadata_nodes_for(f"{bucket}/{key}")  # + where it was, while it moves
         _, r = effective_quorums(cmap, len(owners))
         needed = min(len(nodes), r + len(nodes) - len(owners))
-        record = await self.meta.read(nodes, meta_path(bucket, key), needed)
-        if record is None or record["deleted"]:
-            raise NotFound(f"no such object: {bucket}/{key}")
-        return record
+        return await self.meta.read(nodes, meta_path(bucket, key), needed)
 
     async def get(self, bucket: str, key: str, start: int | None = None,
                   end: int | None = None) -> bytes:
@@ -352,9 +403,13 @@ class Client:
         return b"".join(parts)
 
     async def get_stream(self, bucket: str, key: str, start: int | None = None,
-                         end: int | None = None) -> AsyncIterator[bytes]:
-        """Yield the object's bytes segment by segment, reading ahead a few segments."""
-        record = await self.live_record(bucket, key)
+                         end: int | None = None,
+                         record: dict[str, Any] | None = None) -> AsyncIterator[bytes]:
+        """Yield the object's bytes segment by segment, reading ahead a few segments.
+
+        Pass `record` (from live_record) when the caller has read it already."""
+        if record is None:
+            record = await self.live_record(bucket, key)
         lo, hi = resolve_range(record["size"], start, end)
         if record.get("inline") is not None:
             if hi > lo:
@@ -362,15 +417,16 @@ class Client:
             return
         cmap = await self.cluster_map()
         pending: list[asyncio.Task[bytes]] = []
-        slices = iter(slices_for_range(lo, hi, record["segment_size"]))
+        slices = iter(extent_slices(record_extents(record), record["segment_size"], lo, hi))
         try:
             while True:
                 while len(pending) < READAHEAD_SEGMENTS:
-                    s = next(slices, None)
-                    if s is None:
+                    nxt = next(slices, None)
+                    if nxt is None:
                         break
+                    ext, s = nxt
                     pending.append(asyncio.ensure_future(
-                        self._read_slice(cmap, bucket, key, record, s.index, s.start, s.stop)))
+                        self._read_slice(cmap, record, ext, s.index, s.start, s.stop)))
                 if not pending:
                     return
                 yield await pending.pop(0)
@@ -378,16 +434,19 @@ class Client:
             for task in pending:
                 task.cancel()
 
-    async def _read_slice(self, cmap: ClusterMap, bucket: str, key: str,
-                          record: dict[str, Any], seg: int, lo: int, hi: int) -> bytes:
-        data = await self.read_segment(cmap, record, seg)
-        return data[lo:hi]
+    async def _read_slice(self, cmap: ClusterMap, record: dict[str, Any], ext: Extent,
+                          seg: int, lo: int, hi: int) -> bytes:
+        data = await self.read_segment(cmap, record, seg, ext)
+        return data if lo == 0 and hi == len(data) else data[lo:hi]
 
-    async def read_segment(self, cmap: ClusterMap, record: dict[str, Any], seg: int) -> bytes:
-        """Decode one segment from the first k good fragments (data ones first)."""
+    async def read_segment(self, cmap: ClusterMap, record: dict[str, Any], seg: int,
+                           extent: Extent | None = None) -> bytes:
+        """Decode one segment (of `extent`, default the record's first) from the first k
+        good fragments (data ones first)."""
         k, m = record["k"], record["m"]
-        nodes = expected_fragment_nodes(cmap, record, seg)
-        vid = record["version_id"]
+        ext = extent or record_extents(record)[0]
+        nodes = expected_fragment_nodes(cmap, record, seg, ext)
+        vid = ext.version_id
         good: dict[int, bytes] = {}
         errors: list[str] = []
 
@@ -398,7 +457,7 @@ class Client:
                 return
             except EcstoreError as exc:
                 errors.append(f"{nodes[i].id}/{i}: {exc.code}")
-            prev = self._previous_node(cmap, record, seg, i)
+            prev = self._previous_node(cmap, record, ext, seg, i)
             if prev is not None and prev.id != nodes[i].id:  # not moved yet by a rebalance
                 try:
                     good[i] = await self.get_fragment(prev, fid)
@@ -424,12 +483,11 @@ class Client:
         chosen = [good[i] for i in sorted(good)[:k]]
         return codec.decode(k, m, record["ec_type"], chosen)
 
-    def _previous_node(self, cmap: ClusterMap, record: dict[str, Any], seg: int,
+    def _previous_node(self, cmap: ClusterMap, record: dict[str, Any], ext: Extent, seg: int,
                        i: int) -> Node | None:
-        if f"{seg}.{i}" in (record.get("handoffs") or {}):
+        if f"{seg}.{i}" in ext.handoffs:
             return None
-        return cmap.previous_fragment_node(record_policy(cmap, record), record["version_id"],
-                                           seg, i)
+        return cmap.previous_fragment_node(record_policy(cmap, record), ext.version_id, seg, i)
 
     async def get_fragment(self, node: Node, fid: str) -> bytes:
         reply = await self.t.request("GET", node.address, f"/v1/fragments/{fid}",
@@ -452,6 +510,11 @@ class Client:
         if not 1 <= max_keys <= 10_000:
             raise BadRequest("max_keys must be between 1 and 10000")
         await self._require_bucket(bucket)
+        return await self.list_namespace(bucket, prefix, delimiter, start_after, max_keys)
+
+    async def list_namespace(self, bucket: str, prefix: str = "", delimiter: str = "",
+                             start_after: str = "", max_keys: int = 1000) -> ListResult:
+        """`list` without the bucket check: also lists the internal namespaces."""
         cmap = await self.cluster_map()
         nodes = {n.id: n for n in cmap.control.nodes}
         if cmap.previous_control is not None:  # records not moved yet by a rebalance
@@ -488,10 +551,13 @@ class Client:
         return list(await asyncio.gather(*(one(n, r) for n, r in zip(nodes, roles))))
 
 
-def expected_fragment_nodes(cmap: ClusterMap, record: dict[str, Any], seg: int) -> list[Node]:
-    """The node a reader asks for each fragment index of one segment (handoffs applied)."""
-    nodes = list(cmap.fragment_nodes(record_policy(cmap, record), record["version_id"], seg))
-    for idx_key, node_id in (record.get("handoffs") or {}).items():
+def expected_fragment_nodes(cmap: ClusterMap, record: dict[str, Any], seg: int,
+                            extent: Extent | None = None) -> list[Node]:
+    """The node a reader asks for each fragment index of one segment of `extent` (default:
+    the record's first), handoffs applied."""
+    ext = extent or record_extents(record)[0]
+    nodes = list(cmap.fragment_nodes(record_policy(cmap, record), ext.version_id, seg))
+    for idx_key, node_id in ext.handoffs.items():
         s, i = idx_key.split(".")
         if int(s) == seg:
             nodes[int(i)] = cmap.storage_node(node_id)

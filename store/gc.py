@@ -33,6 +33,9 @@ from placement.nodes import Node
 from store.client import Client
 from store.errors import EcstoreError, NotFound, Unavailable
 from store.metadata import META_TIMEOUT_S
+from store.multipart import part_versions
+from store.names import SYSTEM_BUCKETS
+from store.striping import record_extents
 from store.transport import quote_key
 from store.wire import pack, unpack
 from store.workers import WorkReport, all_listings, live_records
@@ -151,7 +154,7 @@ async def control_scan(c: Client, cmap: ClusterMap
 
     async def buckets(node: Node) -> list[str]:
         reply = await c.t.request("GET", node.address, "/v1/buckets", timeout_s=META_TIMEOUT_S)
-        return [b["name"] for b in unpack(reply.body)["buckets"]]
+        return [b["name"] for b in unpack(reply.body)["buckets"]] + sorted(SYSTEM_BUCKETS)
 
     async def scan(node: Node, names: list[str]) -> dict[tuple[str, str], dict[str, Any]]:
         rows: dict[tuple[str, str], dict[str, Any]] = {}
@@ -289,7 +292,10 @@ async def prepare_gc(c: Client, grace_s: float = DEFAULT_GRACE_S,
     scan = await control_scan(c, cmap)
     live: set[str] = {r["version_id"] for rows in scan.values() for r in rows.values()
                       if not r.get("deleted")}        # any replica's live record is kept
-    live.update([rec["version_id"] async for _, _, rec in live_records(c)])
+    live.update(await part_versions(c))  # parts before objects: see store.multipart
+    async for _, _, rec in live_records(c):
+        live.add(rec["version_id"])
+        live.update(e.version_id for e in record_extents(rec))
     garbage = plan_fragment_gc(live, listings, now_ns, grace_s)
     tombstones = sorted({bk for rows in scan.values() for bk, r in rows.items() if r.get("deleted")})
     worker = GcWorker(c, cmap, garbage, tombstones, now_ns, grace_s, dry_run)

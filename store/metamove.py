@@ -15,6 +15,7 @@ from placement.cluster_map import ClusterMap
 from placement.nodes import Node
 from store.client import Client, meta_path
 from store.errors import EcstoreError, NotFound
+from store.names import SYSTEM_BUCKETS
 from store.transport import quote_key
 from store.wire import pack, unpack
 from store.workers import WorkReport
@@ -54,6 +55,8 @@ async def move_metadata(c: Client, dry_run: bool = False) -> MetaMoveReport:
             name = b.pop("name")
             if not dry_run:
                 await _put_all(c, cmap.control.nodes, f"/v1/buckets/{name}", b, report)
+            await _move_bucket(c, cmap, node, name, dry_run, report)
+        for name in sorted(SYSTEM_BUCKETS):  # uploads, parts, keys: no bucket record
             await _move_bucket(c, cmap, node, name, dry_run, report)
     return report
 

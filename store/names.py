@@ -7,10 +7,20 @@ from store.errors import BadRequest
 
 BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 MAX_KEY_BYTES = 1024
+# Internal namespaces on the control ring: no S3 bucket name can start with "_".
+UPLOADS_BUCKET = "_uploads"    # multipart uploads in progress
+PARTS_BUCKET = "_parts"        # their parts
+KEYS_BUCKET = "_keys"          # S3 access keys
+SYSTEM_BUCKETS = frozenset({UPLOADS_BUCKET, PARTS_BUCKET, KEYS_BUCKET})
 
 
-def check_bucket_name(name: str) -> str:
-    """Return name if valid: 3-63 of a-z 0-9 . -, starting and ending alnum, no '..'."""
+def check_bucket_name(name: str, system_ok: bool = False) -> str:
+    """Return name if valid: 3-63 of a-z 0-9 . -, starting and ending alnum, no '..'.
+
+    With system_ok, the internal namespaces (SYSTEM_BUCKETS) are accepted too.
+    """
+    if system_ok and name in SYSTEM_BUCKETS:
+        return name
     if not BUCKET_RE.match(name) or ".." in name or re.match(r"^\d+\.\d+\.\d+\.\d+$", name):
         raise BadRequest(f"invalid bucket name {name[:80]!r}: use 3-63 characters "
                          "a-z 0-9 . -, starting and ending with a letter or digit")

@@ -20,7 +20,7 @@ from placement.nodes import Node
 from store.auth import CHECKSUM_HEADER
 from store.client import Client, expected_fragment_nodes
 from store.errors import Corrupt, EcstoreError
-from store.striping import fragment_id
+from store.striping import fragment_id, record_extents
 from store.wire import FRAGMENT_META_HEADER, unpack_header
 from store.workers import Checkpoint, RateLimiter, WorkReport, all_listings, live_records
 
@@ -40,11 +40,11 @@ def plan_moves(cmap: ClusterMap, record: dict[str, Any], listings: Mapping[str, 
     taken from the first in node id order.
     """
     moves, lost = [], 0
-    vid, n = record["version_id"], record["k"] + record["m"]
-    for seg in range(record.get("segments") or 0):
-        targets = expected_fragment_nodes(cmap, record, seg)
+    n = record["k"] + record["m"]
+    for ext, seg in ((e, s) for e in record_extents(record) for s in range(e.segments)):
+        targets = expected_fragment_nodes(cmap, record, seg, ext)
         for i in range(n):
-            fid = fragment_id(vid, seg, i)
+            fid = fragment_id(ext.version_id, seg, i)
             if fid in listings.get(targets[i].id, set()):
                 continue
             holders = sorted(nid for nid, fids in listings.items() if fid in fids)

@@ -17,7 +17,7 @@ from placement.nodes import Node
 from store import codec
 from store.client import Client, expected_fragment_nodes
 from store.errors import EcstoreError
-from store.striping import fragment_id
+from store.striping import fragment_id, record_extents
 from store.workers import Checkpoint, RateLimiter, WorkReport, all_listings, live_records
 
 
@@ -29,6 +29,7 @@ class SegmentRepair:
     missing: tuple[int, ...]
     present: Mapping[int, Node]
     targets: Mapping[int, Node]       # where each missing index must be written
+    version_id: str = ""              # of the extent (the object, or one multipart part)
 
 
 @dataclass(frozen=True)
@@ -53,15 +54,16 @@ def plan_object(cmap: ClusterMap, bucket: str, key: str, record: dict[str, Any],
                 listings: Mapping[str, set[str]]) -> ObjectPlan:
     """Which fragments of this object are missing, from the nodes' listings (pure)."""
     out = []
-    vid, n = record["version_id"], record["k"] + record["m"]
-    for seg in range(record.get("segments") or 0):
-        nodes = expected_nodes(cmap, record, seg)
+    n = record["k"] + record["m"]
+    for ext, seg in ((e, s) for e in record_extents(record) for s in range(e.segments)):
+        nodes = expected_fragment_nodes(cmap, record, seg, ext)
         known = [i for i in range(n) if nodes[i].id in listings]  # skip unreachable nodes
         present = {i: nodes[i] for i in known
-                   if fragment_id(vid, seg, i) in listings[nodes[i].id]}
+                   if fragment_id(ext.version_id, seg, i) in listings[nodes[i].id]}
         missing = tuple(i for i in known if i not in present)
         if missing:
-            out.append(SegmentRepair(seg, missing, present, {i: nodes[i] for i in missing}))
+            out.append(SegmentRepair(seg, missing, present, {i: nodes[i] for i in missing},
+                                     ext.version_id))
     return ObjectPlan(bucket, key, record, tuple(out))
 
 
@@ -124,7 +126,7 @@ class RepairWorker:
     async def _repair_segment(self, plan: ObjectPlan, seg: SegmentRepair) -> None:
         rec, r = plan.record, self.report
         k, m = rec["k"], rec["m"]
-        vid = rec["version_id"]
+        vid = seg.version_id or rec["version_id"]
         got: dict[int, bytes] = {}
         for i, node in sorted(seg.present.items()):
             if len(got) == k:

@@ -1,7 +1,9 @@
 """Pure arithmetic of segments and byte ranges, and the read plan of a segment."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from store.errors import RangeNotSatisfiable
 
@@ -45,6 +47,45 @@ def slices_for_range(lo: int, hi: int, segment_size: int) -> list[SegmentSlice]:
         base = seg * segment_size
         out.append(SegmentSlice(seg, max(lo, base) - base, min(hi, base + segment_size) - base))
         seg += 1
+    return out
+
+
+@dataclass(frozen=True)
+class Extent:
+    """A run of an object's bytes stored under one version id: the whole object for a
+    plain put, one part for a multipart upload. Its segments are numbered from 0."""
+
+    version_id: str
+    offset: int                  # where its bytes start in the object
+    size: int
+    segments: int
+    handoffs: Mapping[str, str] = field(default_factory=dict)   # "seg.idx" -> node id
+
+
+def record_extents(record: Mapping[str, Any]) -> list[Extent]:
+    """The extents of an object record, in byte order (inline objects have none)."""
+    if record.get("inline") is not None:
+        return []
+    parts = record.get("parts")
+    if not parts:
+        return [Extent(record["version_id"], 0, record["size"], record.get("segments") or 0,
+                       record.get("handoffs") or {})]
+    out, offset = [], 0
+    for p in parts:
+        out.append(Extent(p["version_id"], offset, p["size"], p["segments"],
+                          p.get("handoffs") or {}))
+        offset += p["size"]
+    return out
+
+
+def extent_slices(extents: list[Extent], segment_size: int, lo: int,
+                  hi: int) -> list[tuple[Extent, SegmentSlice]]:
+    """The (extent, segment slice) pairs that object bytes [lo, hi) need, in order."""
+    out = []
+    for e in extents:
+        a, b = max(lo, e.offset), min(hi, e.offset + e.size)
+        if a < b:
+            out += [(e, s) for s in slices_for_range(a - e.offset, b - e.offset, segment_size)]
     return out
 
 

@@ -16,7 +16,7 @@ from store.client import SyncClient
 @pytest.fixture(scope="module")
 def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     tmp = Path(tempfile.mkdtemp(prefix="ecstore-test-"))
-    c = LocalCluster.create(tmp, storage=6, control=3, k=4, m=2)
+    c = LocalCluster.create(tmp, storage=6, control=3, k=4, m=2, gateway=False)
     c.start()
     yield c
     c.stop()

@@ -37,9 +37,12 @@ def workdir() -> Iterator[Path]:
 def test_cluster_json_names_every_node(workdir: Path) -> None:
     data = json.loads((workdir / ".ecstore" / "cluster.json").read_text())
     assert len(data["secret"]) >= 32 and len(data["control"]) == 1
-    assert sorted(n["role"] for n in data["nodes"]) == ["control"] + ["storage"] * 5
+    assert sorted(n["role"] for n in data["nodes"]) == ["control", "gateway"] + ["storage"] * 5
     for n in data["nodes"]:
         assert {"id", "role", "url", "data", "pid"} <= n.keys() and n["pid"] > 0
+    gw = data["gateway"]  # on by default, with one key pair
+    assert gw["url"].startswith("http://127.0.0.1:") and len(gw["secret_key"]) >= 16
+    assert gw["access_key"].isalnum() and gw["access_key"].isupper()
 
 
 def test_put_get_ls_head_rm(workdir: Path) -> None:

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
     tmp = Path(tempfile.mkdtemp(prefix="ecstore-control-"))
-    c = LocalCluster.create(tmp, storage=6, control=3)
+    c = LocalCluster.create(tmp, storage=6, control=3, gateway=False)
     c.start()
     yield c
     LocalCluster.load(tmp).stop()

@@ -17,7 +17,7 @@ from store.errors import NotFound, Unavailable
 @pytest.fixture(scope="module")
 def seven() -> Iterator[LocalCluster]:
     tmp = Path(tempfile.mkdtemp(prefix="ecstore-handoff-"))
-    c = LocalCluster.create(tmp, storage=7, control=3, k=4, m=2)
+    c = LocalCluster.create(tmp, storage=7, control=3, k=4, m=2, gateway=False)
     c.start()
     yield c
     c.stop()

@@ -26,7 +26,7 @@ MIB = 1024 * 1024
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
     tmp = Path(tempfile.mkdtemp(prefix="ecstore-rebalance-"))
-    c = LocalCluster.create(tmp, storage=6, control=3)
+    c = LocalCluster.create(tmp, storage=6, control=3, gateway=False)
     c.start()
     yield c
     LocalCluster.load(tmp).stop()  # the CLI added nodes this object does not know

@@ -1,0 +1,213 @@
+"""S3 gateway: the S3 API over the client library (no second data path).
+
+One dispatcher routes each request by path (/, /bucket, /bucket/key) and subresource
+(?uploads, ?acl, ...) to a handler in node.s3; a middleware authenticates (AWS SigV4,
+header or presigned) and turns every error into S3's XML error answer. The gateway's
+own health check is GET /_ecstore/health (no bucket name can start with "_").
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from node.s3 import buckets, objects, uploads
+from node.s3.context import Gateway, GatewayConfig, S3Ctx
+from node.s3.errors import S3Error, access_denied
+from node.s3.sigv4 import authenticate
+from node.server import run
+from store.client import Client
+from store.cluster import ClusterInfo
+from store.errors import BadRequest, Conflict, EcstoreError, NotFound, RangeNotSatisfiable, TooLarge, Unavailable
+
+log = logging.getLogger("ecstore.gateway")
+HEALTH_PATH = "/_ecstore/health"
+GATEWAY = web.AppKey("gateway", Gateway)
+Handler = Callable[[S3Ctx], Awaitable[web.StreamResponse]]
+_CREDENTIAL = re.compile(r"Credential=([^/,\s]+)/")
+MAP_RETRY_S = 1.0
+# Subresources S3 has and we do not: answered NotImplemented, never ignored.
+UNSUPPORTED = frozenset({"policy", "lifecycle", "cors", "tagging", "website", "logging",
+                         "notification", "replication", "encryption", "object-lock", "retention",
+                         "legal-hold", "torrent", "restore", "select", "accelerate",
+                         "requestPayment", "analytics", "inventory", "metrics", "ownershipControls",
+                         "publicAccessBlock", "intelligent-tiering", "policyStatus", "attributes"})
+
+
+def route(method: str, ctx: S3Ctx) -> Handler:
+    """The handler for a request, by path shape, method and subresource."""
+    q = ctx.query
+    bad = sorted(UNSUPPORTED & set(q))
+    if bad or (method == "PUT" and "versioning" in q):
+        raise S3Error("NotImplemented", f"{(bad or ['versioning'])[0]} is not supported", 501)
+    if not ctx.bucket:
+        if method == "GET":
+            return buckets.list_buckets
+    elif not ctx.key:
+        table: dict[tuple[str, str], Handler] = {
+            ("GET", "acl"): buckets.get_bucket_acl, ("PUT", "acl"): buckets.put_bucket_acl,
+            ("GET", "location"): buckets.get_location, ("GET", "versioning"): buckets.get_versioning,
+            ("GET", "uploads"): uploads.list_uploads, ("GET", "versions"): buckets.list_object_versions,
+            ("POST", "delete"): objects.delete_objects,
+        }
+        for (m, sub), h in table.items():
+            if method == m and sub in q:
+                return h
+        plain: dict[str, Handler] = {
+            "PUT": buckets.create_bucket, "HEAD": buckets.head_bucket, "DELETE": buckets.delete_bucket,
+            "GET": buckets.list_objects_v2 if q.get("list-type") == "2" else buckets.list_objects_v1}
+        if method in plain:
+            return plain[method]
+    else:
+        if "uploadId" in q:
+            by_method: dict[str, Handler] = {"PUT": uploads.upload_part, "POST": uploads.complete_upload,
+                                             "DELETE": uploads.abort_upload, "GET": uploads.list_parts}
+            if method in by_method and (method != "PUT" or "partNumber" in q):
+                return by_method[method]
+        elif method == "POST" and "uploads" in q:
+            return uploads.create_upload
+        elif "acl" in q and method in ("GET", "PUT"):
+            return objects.get_object_acl if method == "GET" else objects.put_object_acl
+        elif method in ("GET", "HEAD"):
+            head = method == "HEAD"
+            return lambda c: objects.get_object(c, head)
+        elif method == "PUT":
+            return objects.put_object
+        elif method == "DELETE":
+            return objects.delete_object
+    raise S3Error("MethodNotAllowed", "The specified method is not allowed against this "
+                  "resource.", 405)
+
+
+def split_path(path: str) -> tuple[str, str]:
+    bucket, _, key = path.lstrip("/").partition("/")
+    return bucket, key
+
+
+async def _authenticate(request: web.Request, gw: Gateway) -> tuple[str | None, object]:
+    """(user, AuthResult) of a signed request, (None, None) for an anonymous one."""
+    header = request.headers.get("Authorization", "")
+    m = _CREDENTIAL.search(header)
+    access_key = m.group(1) if m else request.query.get("X-Amz-Credential", "").split("/")[0]
+    record = await gw.key_record(access_key) if access_key else None
+    raw_path = request.raw_path.split("?", 1)[0]
+    result = authenticate(request.method, raw_path, list(request.query.items()), request.headers,
+                          lambda ak: record["secret_key"] if record and ak == access_key else None,
+                          time.time())
+    if result is None:
+        return None, None
+    assert record is not None
+    return str(record["user"]), result
+
+
+def error_response(request: web.Request, err: S3Error, request_id: str) -> web.Response:
+    headers = {"x-amz-request-id": request_id, **err.headers}
+    body = b"" if request.method == "HEAD" else err.to_xml(request.path, request_id)
+    return web.Response(status=err.status, body=body, headers=headers,
+                        content_type="application/xml")
+
+
+def to_s3_error(exc: EcstoreError, key: str) -> S3Error:
+    if isinstance(exc, NotFound):
+        return (S3Error("NoSuchKey", "The specified key does not exist.", 404) if key
+                else S3Error("NoSuchBucket", "The specified bucket does not exist", 404))
+    if isinstance(exc, RangeNotSatisfiable):
+        return S3Error("InvalidRange", "The requested range is not satisfiable", 416)
+    if isinstance(exc, TooLarge):
+        return S3Error("EntityTooLarge", exc.message)
+    if isinstance(exc, BadRequest):
+        return S3Error("InvalidArgument", exc.message)
+    if isinstance(exc, Conflict):
+        return S3Error("OperationAborted", exc.message, 409)
+    if isinstance(exc, Unavailable):
+        return S3Error("ServiceUnavailable", f"too few nodes answered: {exc.message}", 503)
+    return S3Error("InternalError", "We encountered an internal error. Please try again.", 500)
+
+
+async def dispatch(request: web.Request) -> web.StreamResponse:
+    gw = request.app[GATEWAY]
+    bucket, key = split_path(request.path)
+    ctx = S3Ctx(request, gw, bucket, key, None, None)
+    try:
+        user, auth = await _authenticate(request, gw)
+        ctx.user, ctx.auth = user, auth  # type: ignore[assignment]
+        handler = route(request.method, ctx)
+        if user is None and not (request.method in ("GET", "HEAD") and key
+                                 and not ({"acl", "uploadId"} & set(request.query))):
+            raise access_denied()
+        resp = await handler(ctx)
+        resp.headers["x-amz-request-id"] = ctx.request_id
+        return resp
+    except S3Error as exc:
+        return error_response(request, exc, ctx.request_id)
+    except EcstoreError as exc:
+        if exc.status >= 500:
+            log.warning("%s %s: %s", request.method, request.path, exc.message)
+        return error_response(request, to_s3_error(exc, key), ctx.request_id)
+    except (ConnectionResetError, asyncio.CancelledError):
+        raise
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return error_response(request, to_s3_error(EcstoreError("internal"), key), ctx.request_id)
+
+
+async def health(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    try:
+        cmap = await gw.client.cluster_map()
+    except EcstoreError as exc:
+        return web.json_response({"ok": False, "error": exc.message}, status=503)
+    return web.json_response({"ok": True, "node": gw.config.node_id, "epoch": cmap.epoch})
+
+
+def make_app(config: GatewayConfig) -> web.Application:
+    config.check()
+    app = web.Application(handler_args={"auto_decompress": False},  # bodies are stored as sent
+                          client_max_size=1024 ** 2)
+
+    async def lifecycle(app: web.Application):  # type: ignore[no-untyped-def]
+        client = Client(ClusterInfo(config.control, config.secret))
+        app[GATEWAY] = Gateway(config, client)
+        yield
+        await client.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_get(HEALTH_PATH, health)
+    app.router.add_route("*", "/{tail:.*}", dispatch)
+    return app
+
+
+def config_from_args(argv: list[str] | None = None) -> GatewayConfig:
+    p = argparse.ArgumentParser(prog="python -m node.gateway")
+    p.add_argument("--id", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=9000)
+    p.add_argument("--control", default=os.environ.get("ECSTORE_CONTROL", ""),
+                   help="control node URLs, comma separated (or $ECSTORE_CONTROL)")
+    p.add_argument("--region", default=os.environ.get("ECSTORE_S3_REGION", "us-east-1"))
+    a = p.parse_args(argv)
+    config = GatewayConfig(
+        node_id=a.id, control=tuple(u.strip() for u in a.control.split(",") if u.strip()),
+        secret=os.environ.get("ECSTORE_SECRET", ""),
+        admin_access_key=os.environ.get("ECSTORE_S3_ACCESS_KEY", ""),
+        admin_secret_key=os.environ.get("ECSTORE_S3_SECRET_KEY", ""),
+        host=a.host, port=a.port, region=a.region)
+    try:
+        return config.check()
+    except ValueError as exc:
+        raise SystemExit(f"gateway: {exc}") from None
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = config_from_args(argv)
+    run(make_app(config), config.host, config.port)
+
+
+if __name__ == "__main__":
+    main()

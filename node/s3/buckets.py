@@ -1,0 +1,240 @@
+"""S3 bucket operations: create, head, delete, list buckets, ListObjects V1/V2,
+ListObjectVersions, bucket ACLs, location and versioning (always unversioned)."""
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+from urllib.parse import quote
+
+from aiohttp import web
+
+from node.s3.body import BodyReader
+from node.s3.context import S3Ctx, access_denied, bucket_owner, canned_acl
+from node.s3.errors import S3Error
+from node.s3.objects import acl_xml, read_acl_request
+from node.s3.xml import doc, el, iso8601, owner_xml, parse
+from store.errors import BadRequest, Conflict
+from store.listing import PAST_PREFIX, ListResult
+from store.names import check_bucket_name
+
+MAX_LIST_KEYS = 1000
+
+
+def xml_response(body: bytes, status: int = 200) -> web.Response:
+    return web.Response(body=body, status=status, content_type="application/xml")
+
+
+async def list_buckets(ctx: S3Ctx) -> web.StreamResponse:
+    if ctx.user is None:
+        raise access_denied()
+    rows = [r for r in await ctx.client.list_bucket_records() if bucket_owner(r) == ctx.user]
+    items = [el("Bucket", [el("Name", r["name"]),
+                           el("CreationDate", iso8601(int(r.get("created", 0) * 1e9)))])
+             for r in rows]
+    return xml_response(doc("ListAllMyBucketsResult", owner_xml(ctx.user),
+                            el("Buckets", items)))
+
+
+async def create_bucket(ctx: S3Ctx) -> web.StreamResponse:
+    if ctx.user is None:
+        raise access_denied()
+    try:
+        check_bucket_name(ctx.bucket)
+    except BadRequest:
+        raise S3Error("InvalidBucketName", "The specified bucket is not valid.") from None
+    acl = canned_acl(ctx.headers)
+    body = await BodyReader(ctx.request.content, ctx.headers, ctx.auth, 64 * 1024).read_all()
+    if body.strip():  # CreateBucketConfiguration: only our one region is accepted
+        root = parse(body, "CreateBucketConfiguration")
+        loc = (root.findtext("LocationConstraint") or "").strip()
+        if loc not in ("", ctx.gw.config.region):
+            raise S3Error("InvalidLocationConstraint", "The specified location-constraint "
+                          "is not valid")
+    ctx.gw.forget_bucket(ctx.bucket)
+    try:
+        existing = await ctx.gw.bucket(ctx.bucket)
+    except S3Error:
+        existing = None
+    if existing is not None:
+        if bucket_owner(existing) == ctx.user:
+            raise S3Error("BucketAlreadyOwnedByYou", "Your previous request to create the "
+                          "named bucket succeeded and you already own it.", 409)
+        raise S3Error("BucketAlreadyExists", "The requested bucket name is not available.", 409)
+    try:
+        await ctx.client.create_bucket(ctx.bucket, owner=ctx.user, acl=acl)
+    except Conflict:
+        raise S3Error("BucketAlreadyExists", "The requested bucket name is not available.",
+                      409) from None
+    ctx.gw.forget_bucket(ctx.bucket)
+    return web.Response(status=200, headers={"Location": f"/{ctx.bucket}"})
+
+
+async def head_bucket(ctx: S3Ctx) -> web.StreamResponse:
+    await ctx.owned_bucket()
+    return web.Response(status=200, headers={"x-amz-bucket-region": ctx.gw.config.region})
+
+
+async def delete_bucket(ctx: S3Ctx) -> web.StreamResponse:
+    await ctx.owned_bucket()
+    if (await ctx.client.list(ctx.bucket, max_keys=1)).objects:
+        raise S3Error("BucketNotEmpty", "The bucket you tried to delete is not empty", 409)
+    from store.multipart import list_uploads
+    if await list_uploads(ctx.client, ctx.bucket):
+        raise S3Error("BucketNotEmpty", "The bucket you tried to delete has multipart "
+                      "uploads in progress", 409)
+    await ctx.client.delete_bucket(ctx.bucket)
+    ctx.gw.forget_bucket(ctx.bucket)
+    return web.Response(status=204)
+
+
+async def get_location(ctx: S3Ctx) -> web.StreamResponse:
+    await ctx.owned_bucket()
+    region = "" if ctx.gw.config.region == "us-east-1" else ctx.gw.config.region
+    return xml_response(doc("LocationConstraint", region).replace(
+        b"<LocationConstraint xmlns", b"<LocationConstraint xmlns", 1))
+
+
+async def get_versioning(ctx: S3Ctx) -> web.StreamResponse:
+    await ctx.owned_bucket()
+    return xml_response(doc("VersioningConfiguration"))
+
+
+async def get_bucket_acl(ctx: S3Ctx) -> web.StreamResponse:
+    rec = await ctx.owned_bucket()
+    return xml_response(acl_xml(bucket_owner(rec), rec.get("acl") or "private"))
+
+
+async def put_bucket_acl(ctx: S3Ctx) -> web.StreamResponse:
+    await ctx.owned_bucket()
+    acl = await read_acl_request(ctx)
+    await ctx.client.update_bucket(ctx.bucket, acl=acl)
+    ctx.gw.forget_bucket(ctx.bucket)
+    return web.Response(status=200)
+
+
+# ---- listing -----------------------------------------------------------------------------
+def _max_keys(ctx: S3Ctx) -> int:
+    raw = ctx.query.get("max-keys", str(MAX_LIST_KEYS))
+    try:
+        n = int(raw)
+    except ValueError:
+        raise S3Error("InvalidArgument", "Provided max-keys not an integer or within integer "
+                      "range") from None
+    if n < 0:
+        raise S3Error("InvalidArgument", "Argument maxKeys must be an integer between 0 and "
+                      "2147483647")
+    return min(n, MAX_LIST_KEYS)
+
+
+def _encoder(ctx: S3Ctx) -> Any:
+    enc = ctx.query.get("encoding-type")
+    if enc not in (None, "url"):
+        raise S3Error("InvalidArgument", "Invalid Encoding Method specified in Request")
+    return (lambda s: quote(s, safe="/")) if enc == "url" else (lambda s: s)
+
+
+def resume_after(marker: str, prefix: str, delimiter: str) -> str:
+    """Where a listing resumes after `marker`: past every key under it when the marker is
+    a common prefix (as a V1 NextMarker or a key-marker can be), else right after it."""
+    if delimiter and marker.startswith(prefix) and marker.endswith(delimiter):
+        rest = marker[len(prefix):]
+        if rest.find(delimiter) == len(rest) - len(delimiter):
+            return marker + PAST_PREFIX
+    return marker
+
+
+async def _page(ctx: S3Ctx, after: str, max_keys: int) -> ListResult:
+    if max_keys == 0:
+        return ListResult([], [], False, "")
+    prefix, delimiter = ctx.query.get("prefix", ""), ctx.query.get("delimiter", "")
+    return await ctx.client.list(ctx.bucket, prefix, delimiter,
+                                 resume_after(after, prefix, delimiter), max_keys)
+
+
+def _contents(ctx: S3Ctx, page: ListResult, enc: Any, owner: str | None) -> list[str]:
+    items = []
+    for o in page.objects:
+        parts = [el("Key", enc(o.key)), el("LastModified", iso8601(o.ts)),
+                 el("ETag", f'"{o.etag or o.version_id}"'), el("Size", o.size),
+                 el("StorageClass", "STANDARD")]
+        if owner is not None:
+            parts.append(owner_xml(owner))
+        items.append(el("Contents", parts))
+    items += [el("CommonPrefixes", [el("Prefix", enc(p))]) for p in page.common_prefixes]
+    return items
+
+
+def _common(ctx: S3Ctx, enc: Any, max_keys: int, page: ListResult) -> list[str]:
+    out = [el("Name", ctx.bucket), el("Prefix", enc(ctx.query.get("prefix", ""))),
+           el("MaxKeys", max_keys), el("IsTruncated", page.truncated)]
+    if ctx.query.get("delimiter"):
+        out.append(el("Delimiter", enc(ctx.query["delimiter"])))
+    if "encoding-type" in ctx.query:
+        out.append(el("EncodingType", "url"))
+    return out
+
+
+def token_encode(after: str) -> str:
+    return base64.urlsafe_b64encode(after.encode()).decode()
+
+
+def token_decode(token: str) -> str:
+    try:
+        return base64.urlsafe_b64decode(token.encode()).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise S3Error("InvalidArgument", "The continuation token provided is incorrect") from None
+
+
+async def list_objects_v2(ctx: S3Ctx) -> web.StreamResponse:
+    brec = await ctx.owned_bucket()
+    enc, max_keys = _encoder(ctx), _max_keys(ctx)
+    token = ctx.query.get("continuation-token")
+    start_after = ctx.query.get("start-after", "")
+    after = token_decode(token) if token is not None else start_after
+    page = await _page(ctx, after, max_keys)
+    owner = bucket_owner(brec) if ctx.query.get("fetch-owner") == "true" else None
+    parts = _common(ctx, enc, max_keys, page)
+    parts.append(el("KeyCount", len(page.objects) + len(page.common_prefixes)))
+    if token is not None:
+        parts.append(el("ContinuationToken", token))
+    if start_after:
+        parts.append(el("StartAfter", enc(start_after)))
+    if page.truncated:
+        parts.append(el("NextContinuationToken", token_encode(page.next_start_after)))
+    return xml_response(doc("ListBucketResult", *parts, *_contents(ctx, page, enc, owner)))
+
+
+async def list_objects_v1(ctx: S3Ctx) -> web.StreamResponse:
+    brec = await ctx.owned_bucket()
+    enc, max_keys = _encoder(ctx), _max_keys(ctx)
+    marker = ctx.query.get("marker", "")
+    page = await _page(ctx, marker, max_keys)
+    parts = _common(ctx, enc, max_keys, page) + [el("Marker", enc(marker))]
+    if page.truncated:
+        last = max([o.key for o in page.objects] + page.common_prefixes)
+        parts.append(el("NextMarker", enc(last)))
+    return xml_response(doc("ListBucketResult", *parts,
+                            *_contents(ctx, page, enc, bucket_owner(brec))))
+
+
+async def list_object_versions(ctx: S3Ctx) -> web.StreamResponse:
+    """Unversioned buckets: every object is its only version, id "null"."""
+    brec = await ctx.owned_bucket()
+    enc, max_keys = _encoder(ctx), _max_keys(ctx)
+    key_marker = ctx.query.get("key-marker", "")
+    page = await _page(ctx, key_marker, max_keys)
+    owner = bucket_owner(brec)
+    parts = _common(ctx, enc, max_keys, page)
+    parts += [el("KeyMarker", enc(key_marker)), el("VersionIdMarker", ctx.query.get(
+        "version-id-marker", ""))]
+    if page.truncated:
+        last = max([o.key for o in page.objects] + page.common_prefixes)
+        parts += [el("NextKeyMarker", enc(last)), el("NextVersionIdMarker", "null")]
+    items = [el("Version", [el("Key", enc(o.key)), el("VersionId", "null"),
+                            el("IsLatest", True), el("LastModified", iso8601(o.ts)),
+                            el("ETag", f'"{o.etag or o.version_id}"'), el("Size", o.size),
+                            el("StorageClass", "STANDARD"), owner_xml(owner)])
+             for o in page.objects]
+    items += [el("CommonPrefixes", [el("Prefix", enc(p))]) for p in page.common_prefixes]
+    return xml_response(doc("ListVersionsResult", *parts, *items))

@@ -1,0 +1,159 @@
+"""What every S3 handler works with: the gateway's shared state (client library, key and
+bucket caches) and one request's context (bucket, key, user), plus the permission rules."""
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from node.s3.errors import S3Error, access_denied
+from node.s3.sigv4 import AuthResult
+from store.client import Client
+from store.errors import NotFound
+from store.keys import lookup_key
+
+KEY_CACHE_TTL_S = 5.0          # a new or deleted key takes effect within this
+BUCKET_CACHE_TTL_S = 2.0       # bucket records (owner, acl) are trusted this long
+MAX_CACHED = 10_000
+DEFAULT_OWNER = "admin"        # owner of buckets made without one (CLI, client library)
+CANNED_ACLS = frozenset({"private", "public-read"})
+MAX_OBJECT_BYTES = 5 * 1024 ** 3       # single PUT and single part, as S3
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    node_id: str
+    control: tuple[str, ...]
+    secret: str
+    admin_access_key: str
+    admin_secret_key: str
+    host: str = "127.0.0.1"
+    port: int = 9000
+    region: str = "us-east-1"
+    max_object_bytes: int = MAX_OBJECT_BYTES
+
+    def check(self) -> "GatewayConfig":
+        if not self.control:
+            raise ValueError("the gateway needs at least one control node URL (--control)")
+        if len(self.secret) < 16:
+            raise ValueError("ECSTORE_SECRET must be set to the cluster secret (16+ chars)")
+        if not self.admin_access_key or len(self.admin_secret_key) < 16:
+            raise ValueError("ECSTORE_S3_ACCESS_KEY and ECSTORE_S3_SECRET_KEY (16+ chars) "
+                             "must be set")
+        return self
+
+
+class Gateway:
+    """Shared by every request: the embedded client and short-lived caches."""
+
+    def __init__(self, config: GatewayConfig, client: Client) -> None:
+        self.config = config
+        self.client = client
+        self._keys: dict[str, tuple[float, dict[str, Any] | None]] = {}
+        self._buckets: dict[str, tuple[float, dict[str, Any] | None]] = {}
+
+    async def key_record(self, access_key: str) -> dict[str, Any] | None:
+        """{"secret_key", "user"} of a live access key, or None (cached KEY_CACHE_TTL_S)."""
+        if access_key == self.config.admin_access_key:
+            return {"secret_key": self.config.admin_secret_key, "user": DEFAULT_OWNER}
+        hit = self._keys.get(access_key)
+        if hit is not None and hit[0] > time.monotonic():
+            return hit[1]
+        rec = await lookup_key(self.client, access_key)
+        _put_bounded(self._keys, access_key, (time.monotonic() + KEY_CACHE_TTL_S, rec))
+        return rec
+
+    async def bucket(self, name: str) -> dict[str, Any]:
+        """The bucket's record (cached BUCKET_CACHE_TTL_S); NoSuchBucket if absent."""
+        hit = self._buckets.get(name)
+        if hit is not None and hit[0] > time.monotonic():
+            rec = hit[1]
+        else:
+            try:
+                rec = await self.client.bucket_record(name)
+            except NotFound:
+                rec = None
+            _put_bounded(self._buckets, name, (time.monotonic() + BUCKET_CACHE_TTL_S, rec))
+        if rec is None:
+            raise S3Error("NoSuchBucket", "The specified bucket does not exist", 404)
+        return rec
+
+    def forget_bucket(self, name: str) -> None:
+        self._buckets.pop(name, None)
+
+
+def _put_bounded(cache: dict[str, Any], key: str, value: Any) -> None:
+    if len(cache) >= MAX_CACHED:
+        cache.clear()  # crude but bounded; entries are cheap to fetch again
+    cache[key] = value
+
+
+@dataclass
+class S3Ctx:
+    """One request: where it goes and who sends it (user None = anonymous)."""
+
+    request: web.Request
+    gw: Gateway
+    bucket: str
+    key: str
+    user: str | None
+    auth: AuthResult | None
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16].upper())
+
+    @property
+    def client(self) -> Client:
+        return self.gw.client
+
+    @property
+    def query(self) -> Mapping[str, str]:
+        return self.request.query
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self.request.headers
+
+    async def owned_bucket(self) -> dict[str, Any]:
+        """The bucket's record if the caller owns it; AccessDenied (anonymous or another
+        user's) or NoSuchBucket otherwise."""
+        rec = await self.gw.bucket(self.bucket)
+        if self.user is None or self.user != bucket_owner(rec):
+            raise access_denied()
+        return rec
+
+
+def bucket_owner(rec: Mapping[str, Any]) -> str:
+    return str(rec.get("owner") or DEFAULT_OWNER)
+
+
+def canned_acl(headers: Mapping[str, str]) -> str:
+    """The x-amz-acl of a request ("private" if absent); NotImplemented for any other
+    canned ACL or for grant headers: never a silent success."""
+    if any(h.lower().startswith("x-amz-grant-") for h in headers):
+        raise S3Error("NotImplemented", "grant headers are not supported; use the canned "
+                      "ACLs private or public-read", 501)
+    acl = headers.get("x-amz-acl", "private")
+    if acl not in CANNED_ACLS:
+        raise S3Error("NotImplemented", f"canned ACL {acl[:40]!r} is not supported; use "
+                      "private or public-read", 501)
+    return acl
+
+
+class Md5Stream:
+    """Passes an async byte stream through, computing its MD5 (the ETag of a copy)."""
+
+    def __init__(self, source: AsyncIterator[bytes]) -> None:
+        self.source = source
+        self.md5 = hashlib.md5()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self.source:
+            self.md5.update(chunk)
+            yield chunk
+
+    def md5_hex(self) -> str:
+        return self.md5.hexdigest()

@@ -1,0 +1,333 @@
+"""S3 object operations: PUT (and copy), GET and HEAD (ranges, conditions), DELETE,
+DeleteObjects, object ACLs. Each handler decodes the request, calls the client library,
+encodes the answer."""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from email.utils import parsedate_to_datetime
+from typing import Any
+from urllib.parse import unquote
+
+from aiohttp import web
+
+from node.s3.body import BodyReader
+from node.s3.context import DEFAULT_OWNER, Md5Stream, S3Ctx, access_denied, bucket_owner, canned_acl
+from node.s3.errors import S3Error
+from node.s3.xml import child_text, doc, el, escape, http_date, iso8601, owner_xml, parse
+from store.client import MAX_USER_META_BYTES, new_version_id
+from store.errors import NotFound, RangeNotSatisfiable
+from store.striping import resolve_range
+
+STORED_HEADERS = ("Cache-Control", "Content-Disposition", "Content-Encoding", "Content-Language",
+                  "Expires")
+RESPONSE_OVERRIDES = {"response-content-type": "Content-Type",
+                      "response-content-language": "Content-Language",
+                      "response-expires": "Expires", "response-cache-control": "Cache-Control",
+                      "response-content-disposition": "Content-Disposition",
+                      "response-content-encoding": "Content-Encoding"}
+MAX_DELETE_KEYS = 1000
+RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)$")
+META_PREFIX = "x-amz-meta-"
+
+
+# ---- records to headers ------------------------------------------------------------------
+def etag_of(rec: Mapping[str, Any]) -> str:
+    """The object's ETag without quotes (objects written by the client library have no
+    MD5: their version id stands in, which is unique per version)."""
+    return str(rec.get("etag") or rec["version_id"])
+
+
+def object_headers(rec: Mapping[str, Any]) -> dict[str, str]:
+    h = {"ETag": f'"{etag_of(rec)}"', "Last-Modified": http_date(rec["ts"]),
+         "Content-Type": rec.get("content_type") or "binary/octet-stream",
+         "Accept-Ranges": "bytes"}
+    h.update(rec.get("headers") or {})
+    h.update({META_PREFIX + k: v for k, v in (rec.get("meta") or {}).items()})
+    return h
+
+
+def checksum_headers(rec: Mapping[str, Any]) -> dict[str, str]:
+    """The whole object's checksums as sent at PUT (S3 returns them only when asked with
+    x-amz-checksum-mode: ENABLED, and never for a range)."""
+    return {f"x-amz-checksum-{alg}": v for alg, v in (rec.get("checksums") or {}).items()}
+
+
+def user_meta(headers: Mapping[str, str]) -> dict[str, str]:
+    meta = {k.lower()[len(META_PREFIX):]: v for k, v in headers.items()
+            if k.lower().startswith(META_PREFIX)}
+    if sum(len(k) + len(v) for k, v in meta.items()) > MAX_USER_META_BYTES:
+        raise S3Error("MetadataTooLarge", "Your metadata headers exceed the maximum allowed "
+                      f"metadata size ({MAX_USER_META_BYTES} bytes)")
+    return meta
+
+
+def stored_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    out = {h: headers[h] for h in STORED_HEADERS if h in headers}
+    enc = [e.strip() for e in out.get("Content-Encoding", "").split(",")
+           if e.strip() and e.strip() != "aws-chunked"]
+    if enc:
+        out["Content-Encoding"] = ", ".join(enc)
+    else:
+        out.pop("Content-Encoding", None)
+    return out
+
+
+# ---- reading -----------------------------------------------------------------------------
+async def readable_record(ctx: S3Ctx) -> dict[str, Any]:
+    """The object's record if the caller may read it: the bucket's owner, or anyone when
+    the bucket or the object is public-read. NoSuchBucket / NoSuchKey / AccessDenied."""
+    brec = await ctx.gw.bucket(ctx.bucket)
+    owner = ctx.user is not None and ctx.user == bucket_owner(brec)
+    if ctx.user is not None and not owner:
+        raise access_denied()
+    try:
+        rec = await ctx.client.live_record(ctx.bucket, ctx.key)
+    except NotFound:
+        if not owner and brec.get("acl") != "public-read":
+            raise access_denied() from None
+        raise S3Error("NoSuchKey", "The specified key does not exist.", 404) from None
+    if not owner and "public-read" not in (brec.get("acl"), rec.get("acl")):
+        raise access_denied()
+    return rec
+
+
+def check_conditions(headers: Mapping[str, str], rec: Mapping[str, Any]) -> int | None:
+    """304 or 412 as S3 answers If-Match, If-None-Match, If-(Un)Modified-Since; None: go on."""
+    etag = etag_of(rec)
+    modified_s = rec["ts"] // 1_000_000_000
+
+    def matches(value: str) -> bool:
+        tags = [t.strip().removeprefix("W/").strip('"') for t in value.split(",")]
+        return "*" in tags or etag in tags
+
+    def since(value: str) -> int | None:
+        try:
+            return int(parsedate_to_datetime(value).timestamp())
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None  # an unparsable date is ignored, as HTTP says
+
+    if "If-Match" in headers:
+        if not matches(headers["If-Match"]):
+            return 412
+    elif "If-Unmodified-Since" in headers:
+        t = since(headers["If-Unmodified-Since"])
+        if t is not None and modified_s > t:
+            return 412
+    if "If-None-Match" in headers:
+        if matches(headers["If-None-Match"]):
+            return 304
+    elif "If-Modified-Since" in headers:
+        t = since(headers["If-Modified-Since"])
+        if t is not None and modified_s <= t:
+            return 304
+    return None
+
+
+def parse_range(value: str | None, size: int) -> tuple[int, int] | None:
+    """[lo, hi) of a single `bytes=` range, None to send the whole object (no header, or
+    one S3 ignores: malformed or several ranges). Raises InvalidRange (416)."""
+    if not value:
+        return None
+    m = RANGE_RE.match(value.strip())
+    if m is None or (not m.group(1) and not m.group(2)):
+        return None
+    start = int(m.group(1)) if m.group(1) else None
+    end = int(m.group(2)) if m.group(2) else None
+    if start is not None and end is not None and end < start:
+        return None  # syntactically invalid: ignored (RFC 9110)
+    try:
+        return resolve_range(size, start, end)
+    except RangeNotSatisfiable:
+        raise S3Error("InvalidRange", "The requested range is not satisfiable", 416,
+                      {"Content-Range": f"bytes */{size}"}) from None
+
+
+async def get_object(ctx: S3Ctx, head: bool = False) -> web.StreamResponse:
+    if ctx.query.get("versionId", "null") != "null":
+        raise S3Error("InvalidArgument", "Invalid version id specified")
+    rec = await readable_record(ctx)
+    headers = object_headers(rec)
+    status = check_conditions(ctx.headers, rec)
+    if status == 304:
+        return web.Response(status=304, headers={k: headers[k] for k in ("ETag", "Last-Modified")})
+    if status == 412:
+        raise S3Error("PreconditionFailed", "At least one of the pre-conditions you "
+                      "specified did not hold", 412)
+    for q, h in RESPONSE_OVERRIDES.items():
+        if q in ctx.query:
+            headers[h] = ctx.query[q]
+    size = rec["size"]
+    rng = parse_range(ctx.headers.get("Range"), size)
+    lo, hi = rng if rng is not None else (0, size)
+    if rng is not None:
+        headers["Content-Range"] = f"bytes {lo}-{hi - 1}/{size}"
+    elif ctx.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED":
+        headers.update(checksum_headers(rec))
+    resp = web.StreamResponse(status=206 if rng is not None else 200, headers=headers)
+    resp.content_length = hi - lo
+    await resp.prepare(ctx.request)
+    if not head and hi > lo:
+        async for chunk in ctx.client.get_stream(ctx.bucket, ctx.key, lo, hi - 1, record=rec):
+            await resp.write(chunk)
+    await resp.write_eof()
+    return resp
+
+
+# ---- writing -----------------------------------------------------------------------------
+async def put_object(ctx: S3Ctx) -> web.StreamResponse:
+    if "x-amz-copy-source" in ctx.headers:
+        return await copy_object(ctx)
+    await ctx.owned_bucket()
+    acl = canned_acl(ctx.headers)
+    meta = user_meta(ctx.headers)
+    keep = stored_headers(ctx.headers)
+    body = BodyReader(ctx.request.content, ctx.headers, ctx.auth, ctx.gw.config.max_object_bytes)
+
+    def extra() -> dict[str, Any]:
+        return {"etag": body.md5_hex, "headers": keep, "acl": acl, "checksums": body.checksums}
+    info = await ctx.client.put(ctx.bucket, ctx.key, aiter(body),
+                                content_type=ctx.headers.get("Content-Type", "binary/octet-stream"),
+                                meta=meta, extra=extra)
+    del info
+    out = {"ETag": f'"{body.md5_hex}"'}
+    out.update({f"x-amz-checksum-{a}": v for a, v in body.checksums.items()})
+    return web.Response(status=200, headers=out)
+
+
+def copy_source(value: str) -> tuple[str, str]:
+    """(bucket, key) of an x-amz-copy-source header ("/bucket/key" URL-encoded)."""
+    path, _, query = value.partition("?")
+    if query and query not in ("versionId=null",):
+        raise S3Error("InvalidArgument", "copying a specific version is not supported")
+    bucket, _, key = unquote(path).lstrip("/").partition("/")
+    if not bucket or not key:
+        raise S3Error("InvalidArgument", "Copy Source must mention the source bucket and key: "
+                      "sourcebucket/sourcekey")
+    return bucket, key
+
+
+async def copy_object(ctx: S3Ctx) -> web.StreamResponse:
+    await ctx.owned_bucket()
+    src_bucket, src_key = copy_source(ctx.headers["x-amz-copy-source"])
+    src = S3Ctx(ctx.request, ctx.gw, src_bucket, src_key, ctx.user, ctx.auth)
+    rec = await readable_record(src)
+    status = check_conditions({k[len("x-amz-copy-source-"):].title(): v for k, v in ctx.headers.items()
+                               if k.lower().startswith("x-amz-copy-source-if-")}, rec)
+    if status is not None:
+        raise S3Error("PreconditionFailed", "At least one of the pre-conditions you "
+                      "specified did not hold", 412)
+    directive = ctx.headers.get("x-amz-metadata-directive", "COPY").upper()
+    if directive not in ("COPY", "REPLACE"):
+        raise S3Error("InvalidArgument", "Unknown metadata directive.")
+    if directive == "COPY" and (src_bucket, src_key) == (ctx.bucket, ctx.key):
+        raise S3Error("InvalidRequest", "This copy request is illegal because it is trying to "
+                      "copy an object to itself without changing the object's metadata, "
+                      "storage class, website redirect location or encryption attributes.")
+    if directive == "COPY":
+        content_type = rec.get("content_type") or "binary/octet-stream"
+        meta, keep = dict(rec.get("meta") or {}), dict(rec.get("headers") or {})
+    else:
+        content_type = ctx.headers.get("Content-Type", "binary/octet-stream")
+        meta, keep = user_meta(ctx.headers), stored_headers(ctx.headers)
+    acl = canned_acl(ctx.headers)
+    stream = Md5Stream(ctx.client.get_stream(src_bucket, src_key, record=rec))
+    info = await ctx.client.put(ctx.bucket, ctx.key, aiter(stream), content_type=content_type,
+                                meta=meta, extra=lambda: {"etag": stream.md5_hex(),
+                                                          "headers": keep, "acl": acl})
+    body = doc("CopyObjectResult", el("LastModified", iso8601(info.ts)),
+               el("ETag", f'"{stream.md5_hex()}"'))
+    return web.Response(body=body, content_type="application/xml")
+
+
+async def delete_object(ctx: S3Ctx) -> web.StreamResponse:
+    await ctx.owned_bucket()
+    if ctx.query.get("versionId", "null") != "null":
+        raise S3Error("InvalidArgument", "Invalid version id specified")
+    try:
+        await ctx.client.delete(ctx.bucket, ctx.key)
+    except NotFound:
+        pass  # S3 answers 204 for a key that is not there
+    return web.Response(status=204)
+
+
+async def delete_objects(ctx: S3Ctx) -> web.StreamResponse:
+    """POST /bucket?delete: up to MAX_DELETE_KEYS keys; Deleted for absent keys too."""
+    await ctx.owned_bucket()
+    body = BodyReader(ctx.request.content, ctx.headers, ctx.auth, 4 * 1024 * 1024)
+    root = parse(await body.read_all(), "Delete")
+    quiet = (child_text(root, "Quiet") or "").strip().lower() == "true"
+    objs = root.findall("Object")
+    if not objs or len(objs) > MAX_DELETE_KEYS:
+        raise S3Error("MalformedXML", f"a Delete request names 1 to {MAX_DELETE_KEYS} objects")
+    done, errors = [], []
+    for o in objs:
+        key = child_text(o, "Key")
+        vid = child_text(o, "VersionId")
+        if not key:
+            raise S3Error("MalformedXML", "every Object needs a Key")
+        item = el("Key", key) + (el("VersionId", vid) if vid else "")
+        if vid not in (None, "null"):
+            errors.append(el("Error", [item, el("Code", "NoSuchVersion"),
+                                       el("Message", "The specified version does not exist.")]))
+            continue
+        try:
+            await ctx.client.delete(ctx.bucket, key)
+        except NotFound:
+            pass
+        except Exception as exc:  # one key's failure is reported, the others go on
+            errors.append(el("Error", [item, el("Code", "InternalError"),
+                                       el("Message", escape(str(exc))[:200])]))
+            continue
+        if not quiet:
+            done.append(el("Deleted", [item]))
+    return web.Response(body=doc("DeleteResult", *done, *errors), content_type="application/xml")
+
+
+# ---- object ACLs -------------------------------------------------------------------------
+def acl_xml(owner: str, acl: str) -> bytes:
+    grant = ('<Grant><Grantee xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" '
+             f'xsi:type="CanonicalUser"><ID>{escape(owner)}</ID><DisplayName>{escape(owner)}'
+             '</DisplayName></Grantee><Permission>FULL_CONTROL</Permission></Grant>')
+    if acl == "public-read":
+        grant += ('<Grant><Grantee xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" '
+                  'xsi:type="Group"><URI>http://acs.amazonaws.com/groups/global/AllUsers</URI>'
+                  '</Grantee><Permission>READ</Permission></Grant>')
+    return doc("AccessControlPolicy", owner_xml(owner), el("AccessControlList", [grant]))
+
+
+async def get_object_acl(ctx: S3Ctx) -> web.StreamResponse:
+    brec = await ctx.owned_bucket()
+    try:
+        rec = await ctx.client.live_record(ctx.bucket, ctx.key)
+    except NotFound:
+        raise S3Error("NoSuchKey", "The specified key does not exist.", 404) from None
+    return web.Response(body=acl_xml(bucket_owner(brec), rec.get("acl") or "private"),
+                        content_type="application/xml")
+
+
+async def read_acl_request(ctx: S3Ctx) -> str:
+    """The canned ACL a PUT ?acl asks for; an AccessControlPolicy body is NotImplemented."""
+    body = BodyReader(ctx.request.content, ctx.headers, ctx.auth, 64 * 1024)
+    if await body.read_all():
+        raise S3Error("NotImplemented", "ACL documents are not supported; use the x-amz-acl "
+                      "header with private or public-read", 501)
+    if "x-amz-acl" not in ctx.headers:
+        raise S3Error("MissingSecurityHeader", "Your request was missing a required header: "
+                      "x-amz-acl")
+    return canned_acl(ctx.headers)
+
+
+async def put_object_acl(ctx: S3Ctx) -> web.StreamResponse:
+    await ctx.owned_bucket()
+    acl = await read_acl_request(ctx)
+    try:
+        rec = await ctx.client.live_record(ctx.bucket, ctx.key)
+    except NotFound:
+        raise S3Error("NoSuchKey", "The specified key does not exist.", 404) from None
+    # the same version, a newer stamp: replicas converge on the record with the new acl
+    await ctx.client.commit(ctx.bucket, ctx.key, {**rec, "acl": acl, "ts": rec["ts"] + 1})
+    return web.Response(status=200)
+
+
+__all__ = ["DEFAULT_OWNER", "new_version_id"]

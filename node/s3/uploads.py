@@ -1,0 +1,174 @@
+"""S3 multipart upload operations over store.multipart: create, upload part (and part
+copy), complete, abort, list parts, list uploads. A part streams from the request body
+into segments (never held whole)."""
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from aiohttp import web
+
+from node.s3.body import BodyReader
+from node.s3.buckets import xml_response
+from node.s3.context import Md5Stream, S3Ctx, canned_acl
+from node.s3.errors import S3Error
+from node.s3.objects import copy_source, parse_range, readable_record, stored_headers, user_meta
+from node.s3.xml import doc, el, iso8601, owner_xml, parse
+from store import multipart as mp
+
+MAX_LISTED = 1000
+
+
+def _no_such_upload() -> S3Error:
+    return S3Error("NoSuchUpload", "The specified multipart upload does not exist. The upload "
+                   "ID might be invalid, or the multipart upload might have been aborted or "
+                   "completed.", 404)
+
+
+async def _upload(ctx: S3Ctx) -> dict[str, object]:
+    try:
+        up = await mp.get_upload(ctx.client, ctx.bucket, ctx.query["uploadId"])
+    except mp.NoSuchUpload:
+        raise _no_such_upload() from None
+    if up["key"] != ctx.key:
+        raise _no_such_upload()
+    return up
+
+
+async def create_upload(ctx: S3Ctx) -> web.StreamResponse:
+    brec = await ctx.owned_bucket()
+    fields = {"headers": stored_headers(ctx.headers), "acl": canned_acl(ctx.headers),
+              "owner": brec.get("owner", "")}
+    upload_id = await mp.create_upload(
+        ctx.client, ctx.bucket, ctx.key, meta=user_meta(ctx.headers), fields=fields,
+        content_type=ctx.headers.get("Content-Type", "binary/octet-stream"))
+    return xml_response(doc("InitiateMultipartUploadResult", el("Bucket", ctx.bucket),
+                            el("Key", ctx.key), el("UploadId", upload_id)))
+
+
+def _part_number(ctx: S3Ctx) -> int:
+    try:
+        n = int(ctx.query["partNumber"])
+    except ValueError:
+        n = 0
+    if not 1 <= n <= mp.MAX_PART_NUMBER:
+        raise S3Error("InvalidArgument", f"Part number must be an integer between 1 and "
+                      f"{mp.MAX_PART_NUMBER}, inclusive")
+    return n
+
+
+async def upload_part(ctx: S3Ctx) -> web.StreamResponse:
+    await ctx.owned_bucket()
+    number = _part_number(ctx)
+    await _upload(ctx)
+    if "x-amz-copy-source" in ctx.headers:
+        return await _upload_part_copy(ctx, number)
+    body = BodyReader(ctx.request.content, ctx.headers, ctx.auth, ctx.gw.config.max_object_bytes)
+    try:
+        part = await mp.put_part(ctx.client, ctx.bucket, ctx.query["uploadId"], number,
+                                 aiter(body), lambda: body.md5_hex)
+    except mp.NoSuchUpload:
+        raise _no_such_upload() from None
+    headers = {"ETag": f'"{part.etag}"'}
+    headers.update({f"x-amz-checksum-{a}": v for a, v in body.checksums.items()})
+    return web.Response(status=200, headers=headers)
+
+
+async def _upload_part_copy(ctx: S3Ctx, number: int) -> web.StreamResponse:
+    src_bucket, src_key = copy_source(ctx.headers["x-amz-copy-source"])
+    rec = await readable_record(S3Ctx(ctx.request, ctx.gw, src_bucket, src_key, ctx.user,
+                                      ctx.auth))
+    rng = parse_range(ctx.headers.get("x-amz-copy-source-range"), rec["size"])
+    lo, hi = rng if rng is not None else (0, rec["size"])
+    stream = Md5Stream(ctx.client.get_stream(src_bucket, src_key, lo, hi - 1, record=rec)
+                       if hi > lo else _empty())
+    part = await mp.put_part(ctx.client, ctx.bucket, ctx.query["uploadId"], number,
+                             aiter(stream), stream.md5_hex)
+    return xml_response(doc("CopyPartResult", el("LastModified", iso8601(part.ts)),
+                            el("ETag", f'"{part.etag}"')))
+
+
+async def _empty():  # type: ignore[no-untyped-def]
+    return
+    yield b""
+
+
+async def complete_upload(ctx: S3Ctx) -> web.StreamResponse:
+    await ctx.owned_bucket()
+    await _upload(ctx)
+    body = BodyReader(ctx.request.content, ctx.headers, ctx.auth, 4 * 1024 * 1024)
+    root = parse(await body.read_all(), "CompleteMultipartUpload")
+    requested = []
+    for p in root.findall("Part"):
+        try:
+            requested.append((int(p.findtext("PartNumber") or ""), p.findtext("ETag") or ""))
+        except ValueError:
+            raise S3Error("MalformedXML", "PartNumber must be an integer") from None
+    try:
+        record = await mp.complete(ctx.client, ctx.bucket, ctx.query["uploadId"], requested)
+    except mp.NoSuchUpload:
+        raise _no_such_upload() from None
+    except mp.PartError as exc:
+        raise S3Error(exc.s3_code, exc.message) from None
+    location = f"{ctx.request.scheme}://{ctx.request.host}/{ctx.bucket}/{quote(ctx.key)}"
+    return xml_response(doc("CompleteMultipartUploadResult", el("Location", location),
+                            el("Bucket", ctx.bucket), el("Key", ctx.key),
+                            el("ETag", f'"{record["etag"]}"')))
+
+
+async def abort_upload(ctx: S3Ctx) -> web.StreamResponse:
+    await ctx.owned_bucket()
+    await _upload(ctx)
+    await mp.abort(ctx.client, ctx.bucket, ctx.query["uploadId"])
+    return web.Response(status=204)
+
+
+def _int_query(ctx: S3Ctx, name: str, default: int) -> int:
+    try:
+        n = int(ctx.query.get(name, default))
+    except ValueError:
+        raise S3Error("InvalidArgument", f"{name} must be an integer") from None
+    if n < 0:
+        raise S3Error("InvalidArgument", f"{name} must not be negative")
+    return n
+
+
+async def list_parts(ctx: S3Ctx) -> web.StreamResponse:
+    brec = await ctx.owned_bucket()
+    await _upload(ctx)
+    marker = _int_query(ctx, "part-number-marker", 0)
+    max_parts = min(_int_query(ctx, "max-parts", MAX_LISTED), MAX_LISTED)
+    parts, truncated = (await mp.list_parts(ctx.client, ctx.query["uploadId"], marker, max_parts)
+                        if max_parts else ([], False))
+    owner = owner_xml(str(brec.get("owner") or "admin"))
+    items = [el("Part", [el("PartNumber", p.number), el("LastModified", iso8601(p.ts)),
+                         el("ETag", f'"{p.etag}"'), el("Size", p.size)]) for p in parts]
+    head = [el("Bucket", ctx.bucket), el("Key", ctx.key), el("UploadId", ctx.query["uploadId"]),
+            owner.replace("<Owner>", "<Initiator>").replace("</Owner>", "</Initiator>"), owner,
+            el("StorageClass", "STANDARD"), el("PartNumberMarker", marker),
+            el("MaxParts", max_parts), el("IsTruncated", truncated)]
+    if truncated:
+        head.append(el("NextPartNumberMarker", parts[-1].number))
+    return xml_response(doc("ListPartsResult", *head, *items))
+
+
+async def list_uploads(ctx: S3Ctx) -> web.StreamResponse:
+    brec = await ctx.owned_bucket()
+    prefix = ctx.query.get("prefix", "")
+    key_marker = ctx.query.get("key-marker", "")
+    id_marker = ctx.query.get("upload-id-marker", "")
+    max_uploads = min(_int_query(ctx, "max-uploads", MAX_LISTED), MAX_LISTED)
+    ups = [u for u in await mp.list_uploads(ctx.client, ctx.bucket, prefix)
+           if (u["key"], u["upload_id"]) > (key_marker, id_marker if id_marker else "\U0010ffff")
+           or (not key_marker)]
+    page, truncated = ups[:max_uploads], len(ups) > max_uploads
+    owner = owner_xml(str(brec.get("owner") or "admin"))
+    head = [el("Bucket", ctx.bucket), el("KeyMarker", key_marker),
+            el("UploadIdMarker", id_marker), el("Prefix", prefix),
+            el("MaxUploads", max_uploads), el("IsTruncated", truncated)]
+    if truncated and page:
+        head += [el("NextKeyMarker", page[-1]["key"]), el("NextUploadIdMarker", page[-1]["upload_id"])]
+    items = [el("Upload", [el("Key", u["key"]), el("UploadId", u["upload_id"]),
+                           owner.replace("<Owner>", "<Initiator>").replace("</Owner>", "</Initiator>"),
+                           owner, el("StorageClass", "STANDARD"),
+                           el("Initiated", iso8601(int(u["initiated"] * 1e9)))]) for u in page]
+    return xml_response(doc("ListMultipartUploadsResult", *head, *items))

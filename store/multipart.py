@@ -1,0 +1,230 @@
+"""Multipart uploads (S3's model) on the client library.
+
+Each part is an extent: encoded and placed under its own version id, with no commit of
+its own (`Client.write_extent`), so a part streams into segments and is never held
+whole. Completing writes ONE object record whose `parts` list names the extents in byte
+order; readers, repair and rebalance walk it with `striping.record_extents`.
+
+Upload records live at UPLOADS_BUCKET/"{bucket}/{upload_id}", part records at
+PARTS_BUCKET/"{upload_id}/{part:05d}" (a newer upload of the same part number wins by
+(ts, version_id) like any record). Completing or aborting tombstones both; the fragments
+of parts no object names become garbage for `store.gc` (which reads the part records
+before the object records, so a part is live at every instant of a completion).
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from store.client import Client, Source, new_version_id
+from store.errors import BadRequest, NotFound
+from store.names import PARTS_BUCKET, UPLOADS_BUCKET, check_bucket_name, check_key
+
+MIN_PART_BYTES = 5 * 1024 * 1024      # every part but the last (S3's rule)
+MAX_PART_NUMBER = 10_000
+MAX_PARALLEL_READS = 32
+MAX_UPLOADS_LISTED = 10_000
+
+
+class NoSuchUpload(NotFound):
+    code = "no_such_upload"
+
+
+class PartError(BadRequest):
+    """A complete request whose part list is wrong; `s3_code` says how (S3's names)."""
+
+    def __init__(self, s3_code: str, message: str) -> None:
+        super().__init__(message)
+        self.s3_code = s3_code
+
+
+@dataclass(frozen=True)
+class PartInfo:
+    number: int
+    size: int
+    etag: str          # hex MD5 of the part's bytes, no quotes
+    ts: int
+
+
+def upload_key(bucket: str, upload_id: str) -> str:
+    return f"{bucket}/{upload_id}"
+
+
+def part_key(upload_id: str, number: int) -> str:
+    return f"{upload_id}/{number:05d}"
+
+
+def multipart_etag(part_md5s: list[str]) -> str:
+    """S3's multipart ETag: MD5 of the parts' binary MD5s, then "-" and the part count."""
+    digest = hashlib.md5(b"".join(bytes.fromhex(m) for m in part_md5s)).hexdigest()
+    return f"{digest}-{len(part_md5s)}"
+
+
+def check_complete(requested: list[tuple[int, str]], parts: dict[int, dict[str, Any]]) -> None:
+    """Raise PartError unless `requested` [(number, etag)] can complete the upload (pure).
+
+    Order strictly ascending (InvalidPartOrder), each part uploaded with that ETag
+    (InvalidPart), every part but the last at least MIN_PART_BYTES (EntityTooSmall)."""
+    if not requested:
+        raise PartError("MalformedXML", "a complete request must name at least one part")
+    numbers = [n for n, _ in requested]
+    if any(b <= a for a, b in zip(numbers, numbers[1:])):
+        raise PartError("InvalidPartOrder", "parts must be listed in ascending order")
+    for n, etag in requested:
+        rec = parts.get(n)
+        if rec is None or rec["etag"] != etag.strip().strip('"').lower():
+            raise PartError("InvalidPart", f"part {n} was not uploaded with ETag {etag}")
+    for n, _ in requested[:-1]:
+        if parts[n]["size"] < MIN_PART_BYTES:
+            raise PartError("EntityTooSmall", f"part {n} is {parts[n]['size']} bytes; every "
+                            f"part but the last must be at least {MIN_PART_BYTES} bytes")
+
+
+async def create_upload(c: Client, bucket: str, key: str, *, content_type: str,
+                        meta: dict[str, str], fields: dict[str, Any] | None = None,
+                        policy: str | None = None) -> str:
+    """Start an upload; `fields` (owner, acl, headers) go into the final record. Returns its id."""
+    check_key(key)
+    await c.bucket_record(bucket)
+    cmap = await c.cluster_map()
+    pol = cmap.policy(policy)
+    upload_id = new_version_id()
+    record = {"ts": time.time_ns(), "version_id": upload_id, "deleted": False,
+              "bucket": bucket, "key": key, "content_type": content_type, "meta": meta,
+              "fields": fields or {}, "policy": pol.name, "k": pol.k, "m": pol.m,
+              "ec_type": pol.ec_type, "segment_size": pol.segment_size_bytes,
+              "initiated": time.time()}
+    await c.commit(UPLOADS_BUCKET, upload_key(bucket, upload_id), record)
+    return upload_id
+
+
+async def get_upload(c: Client, bucket: str, upload_id: str) -> dict[str, Any]:
+    """The upload's record; NoSuchUpload if it never existed, completed or was aborted."""
+    check_bucket_name(bucket)
+    if len(upload_id) != 32 or not all(ch in "0123456789abcdef" for ch in upload_id):
+        raise NoSuchUpload(f"no such upload: {upload_id[:80]}")
+    rec = await c.read_record(UPLOADS_BUCKET, upload_key(bucket, upload_id))
+    if rec is None or rec["deleted"]:
+        raise NoSuchUpload(f"no such upload: {upload_id}")
+    return rec
+
+
+async def put_part(c: Client, bucket: str, upload_id: str, number: int, source: Source,
+                   md5_hex: Callable[[], str]) -> PartInfo:
+    """Encode and place one part, then record it. `md5_hex` is asked once every byte is
+    read (the body reader computes it while streaming, and raises if a checksum failed)."""
+    if not 1 <= number <= MAX_PART_NUMBER:
+        raise BadRequest(f"part number must be between 1 and {MAX_PART_NUMBER}")
+    up = await get_upload(c, bucket, upload_id)
+    pol = (await c.cluster_map()).policy(up["policy"])
+    ext = await c.write_extent(pol, bucket, up["key"], source)
+    etag = md5_hex()
+    record = {**ext, "ts": time.time_ns(), "deleted": False, "etag": etag,
+              "upload_id": upload_id, "part": number}
+    await c.commit(PARTS_BUCKET, part_key(upload_id, number), record)
+    return PartInfo(number, ext["size"], etag, record["ts"])
+
+
+async def list_parts(c: Client, upload_id: str, after: int = 0,
+                     max_parts: int = 1000) -> tuple[list[PartInfo], bool]:
+    """Parts numbered above `after`, ascending: (parts, truncated)."""
+    page = await c.list_namespace(PARTS_BUCKET, prefix=f"{upload_id}/",
+                                  start_after=part_key(upload_id, after) if after else "",
+                                  max_keys=max_parts)
+    parts = [PartInfo(int(o.key.rsplit("/", 1)[1]), o.size, o.etag or "", o.ts)
+             for o in page.objects]
+    return parts, page.truncated
+
+
+async def _all_parts(c: Client, upload_id: str) -> list[PartInfo]:
+    out: list[PartInfo] = []
+    while True:
+        parts, truncated = await list_parts(c, upload_id, out[-1].number if out else 0, 1000)
+        out += parts
+        if not truncated or not parts:
+            return out
+
+
+async def complete(c: Client, bucket: str, upload_id: str,
+                   requested: list[tuple[int, str]]) -> dict[str, Any]:
+    """Commit the object the named parts make, in order; return its record.
+
+    Raises NoSuchUpload, PartError. The part and upload records are tombstoned after."""
+    up = await get_upload(c, bucket, upload_id)
+    sem = asyncio.Semaphore(MAX_PARALLEL_READS)
+
+    async def read(n: int) -> tuple[int, dict[str, Any] | None]:
+        async with sem:
+            rec = await c.read_record(PARTS_BUCKET, part_key(upload_id, n))
+            return n, None if rec is None or rec["deleted"] else rec
+    numbers = sorted({n for n, _ in requested if 1 <= n <= MAX_PART_NUMBER})
+    found = {n: r for n, r in await asyncio.gather(*(read(n) for n in numbers)) if r}
+    check_complete(requested, found)
+    chosen = [found[n] for n, _ in requested]
+    cmap = await c.cluster_map()
+    record: dict[str, Any] = {
+        **up["fields"], "ts": time.time_ns(), "version_id": new_version_id(), "deleted": False,
+        "content_type": up["content_type"], "meta": up["meta"], "policy": up["policy"],
+        "k": up["k"], "m": up["m"], "ec_type": up["ec_type"], "segment_size": up["segment_size"],
+        "epoch": cmap.epoch, "inline": None, "handoffs": {},
+        "parts": [{f: p[f] for f in ("version_id", "size", "segments", "handoffs", "etag")}
+                  for p in chosen],
+        "size": sum(p["size"] for p in chosen), "segments": sum(p["segments"] for p in chosen),
+        "etag": multipart_etag([p["etag"] for p in chosen]),
+    }
+    await c.commit(bucket, up["key"], record)
+    await _forget(c, bucket, upload_id)
+    return record
+
+
+async def abort(c: Client, bucket: str, upload_id: str) -> None:
+    """Drop an upload and its parts (their fragments become garbage). Raises NoSuchUpload."""
+    await get_upload(c, bucket, upload_id)
+    await _forget(c, bucket, upload_id)
+
+
+async def _forget(c: Client, bucket: str, upload_id: str) -> None:
+    parts = await _all_parts(c, upload_id)
+    sem = asyncio.Semaphore(MAX_PARALLEL_READS)
+
+    async def tombstone(ns: str, key: str) -> None:
+        async with sem:
+            await c.commit(ns, key, {"ts": time.time_ns(), "version_id": new_version_id(),
+                                     "deleted": True})
+    await tombstone(UPLOADS_BUCKET, upload_key(bucket, upload_id))
+    await asyncio.gather(*(tombstone(PARTS_BUCKET, part_key(upload_id, p.number))
+                           for p in parts))
+
+
+async def list_uploads(c: Client, bucket: str, prefix: str = "") -> list[dict[str, Any]]:
+    """Uploads in progress in `bucket` whose key starts with prefix, sorted by (key, id);
+    each {"key", "upload_id", "initiated", "owner"}. At most MAX_UPLOADS_LISTED."""
+    await c.bucket_record(bucket)
+    page = await c.list_namespace(UPLOADS_BUCKET, prefix=f"{bucket}/",
+                                  max_keys=MAX_UPLOADS_LISTED)
+    sem = asyncio.Semaphore(MAX_PARALLEL_READS)
+
+    async def read(key: str) -> dict[str, Any] | None:
+        async with sem:
+            return await c.read_record(UPLOADS_BUCKET, key)
+    records = await asyncio.gather(*(read(o.key) for o in page.objects))
+    out = [{"key": r["key"], "upload_id": r["version_id"], "initiated": r["initiated"],
+            "owner": r["fields"].get("owner", "")}
+           for r in records if r is not None and not r["deleted"] and r["key"].startswith(prefix)]
+    return sorted(out, key=lambda u: (u["key"], u["upload_id"]))
+
+
+async def part_versions(c: Client) -> set[str]:
+    """The version ids of every recorded part of every upload in progress (for GC)."""
+    out: set[str] = set()
+    after = ""
+    while True:
+        page = await c.list_namespace(PARTS_BUCKET, start_after=after, max_keys=10_000)
+        out.update(o.version_id for o in page.objects)
+        if not page.truncated or not page.objects:
+            return out
+        after = page.next_start_after
