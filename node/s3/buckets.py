@@ -181,7 +181,7 @@ def token_encode(after: str) -> str:
 
 def token_decode(token: str) -> str:
     try:
-        return base64.urlsafe_b64decode(token.encode()).decode()
+        return base64.b64decode(token.encode(), altchars=b"-_", validate=True).decode()
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise S3Error("InvalidArgument", "The continuation token provided is incorrect") from None
 

@@ -1,0 +1,148 @@
+"""Pure pieces of the S3 gateway and multipart: extents, ranges, conditions, part checks."""
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from node.s3.buckets import resume_after, token_decode, token_encode
+from node.s3.errors import S3Error
+from node.s3.objects import check_conditions, copy_source, parse_range
+from node.s3.xml import escape, parse
+from store.listing import PAST_PREFIX
+from store.multipart import MIN_PART_BYTES, PartError, check_complete, multipart_etag
+from store.striping import Extent, extent_slices, record_extents
+
+SEG = 100
+
+
+def multipart_record(sizes: list[int]) -> dict[str, object]:
+    parts = [{"version_id": f"v{i}", "size": s, "segments": -(-s // SEG), "handoffs": {}}
+             for i, s in enumerate(sizes)]
+    return {"version_id": "obj", "size": sum(sizes), "parts": parts, "inline": None}
+
+
+@given(st.lists(st.integers(0, 450), min_size=1, max_size=6), st.data())
+def test_extent_slices_cover_exactly_the_range(sizes: list[int], data: st.DataObject) -> None:
+    rec = multipart_record(sizes)
+    total = sum(sizes)
+    lo = data.draw(st.integers(0, total))
+    hi = data.draw(st.integers(lo, total))
+    exts = record_extents(rec)
+    # a naive reference: every byte of the object named by (extent, offset in extent)
+    want = [(e.version_id, i - e.offset) for e in exts for i in range(e.offset, e.offset + e.size)][lo:hi]
+    got = [(e.version_id, s.index * SEG + j) for e, s in extent_slices(exts, SEG, lo, hi)
+           for j in range(s.start, s.stop)]
+    assert got == want
+
+
+def test_plain_record_is_one_extent_and_inline_has_none() -> None:
+    rec = {"version_id": "v", "size": 250, "segments": 3, "handoffs": {"1.2": "s4"}, "inline": None}
+    assert record_extents(rec) == [Extent("v", 0, 250, 3, {"1.2": "s4"})]
+    assert record_extents({"version_id": "v", "size": 3, "inline": b"abc"}) == []
+
+
+def test_multipart_etag_is_md5_of_part_md5s() -> None:
+    md5s = [hashlib.md5(b"a").hexdigest(), hashlib.md5(b"b").hexdigest()]
+    want = hashlib.md5(hashlib.md5(b"a").digest() + hashlib.md5(b"b").digest()).hexdigest()
+    assert multipart_etag(md5s) == f"{want}-2"
+
+
+def part(size: int, etag: str = "e") -> dict[str, object]:
+    return {"size": size, "etag": etag}
+
+
+@pytest.mark.parametrize("requested, parts, code", [
+    ([(2, "e"), (1, "e")], {1: part(MIN_PART_BYTES), 2: part(1)}, "InvalidPartOrder"),
+    ([(1, "e"), (1, "e")], {1: part(MIN_PART_BYTES)}, "InvalidPartOrder"),
+    ([(1, "x")], {1: part(10)}, "InvalidPart"),
+    ([(1, "e"), (3, "e")], {1: part(MIN_PART_BYTES)}, "InvalidPart"),
+    ([(1, "e"), (2, "e")], {1: part(MIN_PART_BYTES - 1), 2: part(1)}, "EntityTooSmall"),
+    ([], {}, "MalformedXML"),
+])
+def test_complete_rejects_what_s3_rejects(requested: list[tuple[int, str]],
+                                          parts: dict[int, dict[str, object]], code: str) -> None:
+    with pytest.raises(PartError) as exc:
+        check_complete(requested, parts)  # type: ignore[arg-type]
+    assert exc.value.s3_code == code
+
+
+def test_complete_accepts_small_last_part_and_quoted_etags() -> None:
+    check_complete([(1, '"e"'), (5, "E")], {1: part(MIN_PART_BYTES), 5: part(1)})  # type: ignore[dict-item]
+
+
+@pytest.mark.parametrize("header, size, want", [
+    ("bytes=0-9", 100, (0, 10)), ("bytes=90-", 100, (90, 100)), ("bytes=-10", 100, (90, 100)),
+    ("bytes=-500", 100, (0, 100)), ("bytes=5-500", 100, (5, 100)),
+    (None, 100, None), ("bytes=0-1,5-6", 100, None), ("items=0-1", 100, None),
+    ("bytes=9-2", 100, None), ("bytes=-", 100, None),
+])
+def test_parse_range(header: str | None, size: int, want: tuple[int, int] | None) -> None:
+    assert parse_range(header, size) == want
+
+
+@pytest.mark.parametrize("header, size", [("bytes=100-", 100), ("bytes=0-0", 0), ("bytes=-0", 100)])
+def test_unsatisfiable_range_is_416_with_content_range(header: str, size: int) -> None:
+    with pytest.raises(S3Error) as exc:
+        parse_range(header, size)
+    assert (exc.value.code, exc.value.status) == ("InvalidRange", 416)
+    assert exc.value.headers["Content-Range"] == f"bytes */{size}"
+
+
+REC = {"etag": "abc", "ts": 1_700_000_000 * 10**9, "version_id": "v"}
+BEFORE, AFTER = "Mon, 13 Nov 2023 00:00:00 GMT", "Thu, 16 Nov 2023 00:00:00 GMT"
+
+
+@pytest.mark.parametrize("headers, want", [
+    ({}, None), ({"If-Match": '"abc"'}, None), ({"If-Match": '"zzz"'}, 412),
+    ({"If-Match": "*"}, None), ({"If-None-Match": '"abc"'}, 304), ({"If-None-Match": '"z"'}, None),
+    ({"If-Modified-Since": AFTER}, 304), ({"If-Modified-Since": BEFORE}, None),
+    ({"If-Unmodified-Since": BEFORE}, 412), ({"If-Unmodified-Since": AFTER}, None),
+    # S3's combinations: If-Match true wins over If-Unmodified-Since false ...
+    ({"If-Match": '"abc"', "If-Unmodified-Since": BEFORE}, None),
+    # ... and If-None-Match false with If-Modified-Since true still answers 304
+    ({"If-None-Match": '"z"', "If-Modified-Since": AFTER}, None),
+    ({"If-Modified-Since": "not a date"}, None),
+])
+def test_conditions_as_s3_answers_them(headers: dict[str, str], want: int | None) -> None:
+    assert check_conditions(headers, REC) == want
+
+
+def test_copy_source_forms() -> None:
+    assert copy_source("/bkt/a%20b/c") == ("bkt", "a b/c")
+    assert copy_source("bkt/k?versionId=null") == ("bkt", "k")
+    for bad in ("bkt", "/bkt/", "bkt/k?versionId=123"):
+        with pytest.raises(S3Error):
+            copy_source(bad)
+
+
+def test_resume_after_skips_a_common_prefix_marker() -> None:
+    assert resume_after("photos/", "", "/") == "photos/" + PAST_PREFIX
+    assert resume_after("a/b/", "a/", "/") == "a/b/" + PAST_PREFIX
+    assert resume_after("a/b/c", "a/", "/") == "a/b/c"
+    assert resume_after("photos/", "", "") == "photos/"
+
+
+@given(st.text(max_size=200))
+def test_continuation_token_round_trips(after: str) -> None:
+    try:
+        after.encode()
+    except UnicodeEncodeError:
+        return
+    assert token_decode(token_encode(after)) == after
+
+
+def test_bad_token_and_bad_xml_are_400() -> None:
+    with pytest.raises(S3Error) as exc:
+        token_decode("%%%")
+    assert exc.value.status == 400
+    for body in (b"<Delete><Object>", b"<!DOCTYPE x [<!ENTITY a 'b'>]><Delete/>", b"<Other/>", b""):
+        with pytest.raises(S3Error) as exc:
+            parse(body, "Delete")
+        assert exc.value.code == "MalformedXML"
+
+
+def test_xml_escape_control_characters() -> None:
+    assert escape("a&b<\x01>") == "a&amp;b&lt;&#x1;&gt;"
