@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from node.s3 import buckets, objects, uploads
-from node.s3.context import Gateway, GatewayConfig, S3Ctx
+from node.s3.context import DEFAULT_SEGMENT_SLOTS, Gateway, GatewayConfig, S3Ctx
 from node.s3.errors import S3Error, access_denied
 from node.s3.sigv4 import authenticate
 from node.server import run
@@ -173,6 +173,7 @@ def make_app(config: GatewayConfig) -> web.Application:
 
     async def lifecycle(app: web.Application):  # type: ignore[no-untyped-def]
         client = Client(ClusterInfo(config.control, config.secret))
+        client.segment_slots = asyncio.Semaphore(config.segment_slots)
         app[GATEWAY] = Gateway(config, client)
         yield
         await client.close()
@@ -191,13 +192,16 @@ def config_from_args(argv: list[str] | None = None) -> GatewayConfig:
     p.add_argument("--control", default=os.environ.get("ECSTORE_CONTROL", ""),
                    help="control node URLs, comma separated (or $ECSTORE_CONTROL)")
     p.add_argument("--region", default=os.environ.get("ECSTORE_S3_REGION", "us-east-1"))
+    p.add_argument("--segment-slots", type=int,
+                   default=int(os.environ.get("ECSTORE_GATEWAY_SEGMENT_SLOTS", DEFAULT_SEGMENT_SLOTS)),
+                   help="segments held in memory across all requests (the memory bound)")
     a = p.parse_args(argv)
     config = GatewayConfig(
         node_id=a.id, control=tuple(u.strip() for u in a.control.split(",") if u.strip()),
         secret=os.environ.get("ECSTORE_SECRET", ""),
         admin_access_key=os.environ.get("ECSTORE_S3_ACCESS_KEY", ""),
         admin_secret_key=os.environ.get("ECSTORE_S3_SECRET_KEY", ""),
-        host=a.host, port=a.port, region=a.region)
+        host=a.host, port=a.port, region=a.region, segment_slots=a.segment_slots)
     try:
         return config.check()
     except ValueError as exc:

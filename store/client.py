@@ -81,6 +81,9 @@ class Client:
         self._map_at = 0.0
         self._map_fetch: asyncio.Future[ClusterMap] | None = None
         self._buckets_seen: dict[str, float] = {}
+        # A bound on segments held in memory across every put and get of this client (the
+        # gateway sets one); None: each put or get is bounded on its own only.
+        self.segment_slots: asyncio.Semaphore | None = None
 
     @classmethod
     def connect(cls, cluster: str | os.PathLike[str] | ClusterInfo | None = None) -> "Client":
@@ -300,14 +303,25 @@ class Client:
         inflight: set[asyncio.Future[None]] = set()
         written: list[tuple[str, Node]] = []
         try:
-            async for seg in segments:
+            while True:
                 if len(inflight) >= MAX_INFLIGHT_SEGMENTS:
                     done, inflight = await asyncio.wait(inflight,
                                                         return_when=asyncio.FIRST_COMPLETED)
                     for task in done:
                         task.result()
-                inflight.add(asyncio.ensure_future(self._put_segment(
-                    cmap, pol, bucket, key, vid, count, seg, record["handoffs"], written)))
+                await self._take_slot()  # before reading: the slot bounds the bytes read
+                try:
+                    seg = await anext(segments, None)
+                except BaseException:
+                    self._give_slot()
+                    raise
+                if seg is None:
+                    self._give_slot()
+                    break
+                task = asyncio.ensure_future(self._put_segment(
+                    cmap, pol, bucket, key, vid, count, seg, record["handoffs"], written))
+                task.add_done_callback(lambda _: self._give_slot())
+                inflight.add(task)
                 size += len(seg)
                 count += 1
             for task in asyncio.as_completed(inflight):
@@ -368,6 +382,19 @@ class Client:
                 pass
         await asyncio.gather(*(one(f, n) for f, n in list(written)))
 
+    async def _take_slot(self, wait: bool = True) -> bool:
+        """Take one of segment_slots (True); with wait=False, False if none is free."""
+        if self.segment_slots is None:
+            return True
+        if not wait and self.segment_slots.locked():
+            return False
+        await self.segment_slots.acquire()
+        return True
+
+    def _give_slot(self) -> None:
+        if self.segment_slots is not None:
+            self.segment_slots.release()
+
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
         self.background.add(task)
@@ -418,21 +445,30 @@ class Client:
         cmap = await self.cluster_map()
         pending: list[asyncio.Task[bytes]] = []
         slices = iter(extent_slices(record_extents(record), record["segment_size"], lo, hi))
+        nxt = next(slices, None)
         try:
             while True:
-                while len(pending) < READAHEAD_SEGMENTS:
-                    nxt = next(slices, None)
-                    if nxt is None:
-                        break
+                # read-ahead takes a slot only if one is free: a stream waiting for a second
+                # slot while holding the first could otherwise stall every stream
+                while nxt is not None and len(pending) < READAHEAD_SEGMENTS \
+                        and await self._take_slot(wait=not pending):
                     ext, s = nxt
-                    pending.append(asyncio.ensure_future(
-                        self._read_slice(cmap, record, ext, s.index, s.start, s.stop)))
+                    task = asyncio.ensure_future(
+                        self._read_slice(cmap, record, ext, s.index, s.start, s.stop))
+                    pending.append(task)
+                    nxt = next(slices, None)
                 if not pending:
                     return
-                yield await pending.pop(0)
+                task = pending.pop(0)
+                try:
+                    data = await task
+                finally:
+                    self._give_slot()
+                yield data
         finally:
             for task in pending:
                 task.cancel()
+                self._give_slot()
 
     async def _read_slice(self, cmap: ClusterMap, record: dict[str, Any], ext: Extent,
                           seg: int, lo: int, hi: int) -> bytes:

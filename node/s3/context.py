@@ -23,6 +23,7 @@ MAX_CACHED = 10_000
 DEFAULT_OWNER = "admin"        # owner of buckets made without one (CLI, client library)
 CANNED_ACLS = frozenset({"private", "public-read"})
 MAX_OBJECT_BYTES = 5 * 1024 ** 3       # single PUT and single part, as S3
+DEFAULT_SEGMENT_SLOTS = 16
 
 
 @dataclass(frozen=True)
@@ -36,12 +37,17 @@ class GatewayConfig:
     port: int = 9000
     region: str = "us-east-1"
     max_object_bytes: int = MAX_OBJECT_BYTES
+    # segments in memory across all requests (each ~ segment x (1 + (k+m)/k) bytes): the
+    # gateway's memory bound whatever clients send; a request waits for a slot (backpressure)
+    segment_slots: int = DEFAULT_SEGMENT_SLOTS
 
     def check(self) -> "GatewayConfig":
         if not self.control:
             raise ValueError("the gateway needs at least one control node URL (--control)")
         if len(self.secret) < 16:
             raise ValueError("ECSTORE_SECRET must be set to the cluster secret (16+ chars)")
+        if self.segment_slots < 1:
+            raise ValueError("segment slots must be at least 1")
         if not self.admin_access_key or len(self.admin_secret_key) < 16:
             raise ValueError("ECSTORE_S3_ACCESS_KEY and ECSTORE_S3_SECRET_KEY (16+ chars) "
                              "must be set")
