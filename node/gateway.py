@@ -137,10 +137,10 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
     try:
         user, auth = await _authenticate(request, gw)
         ctx.user, ctx.auth = user, auth  # type: ignore[assignment]
-        handler = route(request.method, ctx)
         if user is None and not (request.method in ("GET", "HEAD") and key
-                                 and not ({"acl", "uploadId"} & set(request.query))):
+                                 and not (({"acl", "uploadId"} | UNSUPPORTED) & set(request.query))):
             raise access_denied()
+        handler = route(request.method, ctx)
         resp = await handler(ctx)
         resp.headers["x-amz-request-id"] = ctx.request_id
         return resp
