@@ -30,7 +30,14 @@ class ClusterInfo:
 
     @staticmethod
     def load(path: str | os.PathLike[str] | None = None) -> "ClusterInfo":
+        """From --cluster PATH, else $ECSTORE_CLUSTER, else ./.ecstore/cluster.json; when
+        none is given and that file does not exist, from $ECSTORE_CONTROL (comma separated
+        control URLs) and $ECSTORE_SECRET, as set inside the docker-compose containers."""
         p = cluster_path(path)
+        env_control = os.environ.get("ECSTORE_CONTROL", "")
+        if not path and "ECSTORE_CLUSTER" not in os.environ and not p.exists() and env_control:
+            urls = tuple(u.strip() for u in env_control.split(",") if u.strip())
+            return ClusterInfo(urls, os.environ.get("ECSTORE_SECRET", ""))
         try:
             data = json.loads(p.read_text())
         except FileNotFoundError:
