@@ -20,6 +20,7 @@ from aiohttp import web
 from node.s3 import buckets, objects, uploads
 from node.s3.context import DEFAULT_SEGMENT_SLOTS, Gateway, GatewayConfig, S3Ctx
 from node.s3.errors import S3Error, access_denied
+from node.s3.sigv2 import access_key_v2, authenticate_v2, is_v2
 from node.s3.sigv4 import authenticate
 from node.server import run
 from store.client import Client
@@ -93,13 +94,18 @@ def split_path(path: str) -> tuple[str, str]:
 async def _authenticate(request: web.Request, gw: Gateway) -> tuple[str | None, object]:
     """(user, AuthResult) of a signed request, (None, None) for an anonymous one."""
     header = request.headers.get("Authorization", "")
+    v2 = is_v2(request.query, request.headers)
     m = _CREDENTIAL.search(header)
-    access_key = m.group(1) if m else request.query.get("X-Amz-Credential", "").split("/")[0]
+    if v2:
+        access_key = access_key_v2(request.query, request.headers)
+    else:
+        access_key = m.group(1) if m else request.query.get("X-Amz-Credential", "").split("/")[0]
     record = await gw.key_record(access_key) if access_key else None
     raw_path = request.raw_path.split("?", 1)[0]
-    result = authenticate(request.method, raw_path, list(request.query.items()), request.headers,
-                          lambda ak: record["secret_key"] if record and ak == access_key else None,
-                          time.time())
+    verify = authenticate_v2 if v2 else authenticate
+    result = verify(request.method, raw_path, list(request.query.items()), request.headers,
+                    lambda ak: record["secret_key"] if record and ak == access_key else None,
+                    time.time())
     if result is None:
         return None, None
     assert record is not None
