@@ -584,7 +584,19 @@ class Client:
             return {**base, "up": True, **json.loads(reply.body)}
 
         roles = ["control"] * len(cmap.control.nodes) + ["storage"] * (len(nodes) - len(cmap.control.nodes))
-        return list(await asyncio.gather(*(one(n, r) for n, r in zip(nodes, roles))))
+        rows: builtins.list[dict[str, Any]] = list(await asyncio.gather(*(one(n, r) for n, r in zip(nodes, roles))))
+        gw = self.info.raw.get("gateway")
+        if gw:  # not in the map: cluster.json names it
+            rows.append(await self._gateway_status(gw["url"]))
+        return rows
+
+    async def _gateway_status(self, url: str) -> dict[str, Any]:
+        row = {"id": "gateway", "role": "gateway", "url": url, "zone": "", "tier": ""}
+        try:
+            reply = await self.t.request("GET", url, "/_ecstore/health", timeout_s=3.0)
+        except EcstoreError as exc:
+            return {**row, "up": False, "error": exc.message}
+        return {**row, "up": True, **json.loads(reply.body)}
 
 
 def expected_fragment_nodes(cmap: ClusterMap, record: dict[str, Any], seg: int,

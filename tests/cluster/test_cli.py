@@ -70,10 +70,11 @@ def test_put_get_ls_head_rm(workdir: Path) -> None:
 
 def test_status_json_and_table(workdir: Path) -> None:
     status = json.loads(ecstore("status", "--json", cwd=workdir).stdout)
-    assert status["epoch"] == 1 and len(status["nodes"]) == 6
+    assert status["epoch"] == 1 and len(status["nodes"]) == 7
     assert all(n["up"] for n in status["nodes"])
+    assert [n["role"] for n in status["nodes"]].count("gateway") == 1
     table = ecstore("status", cwd=workdir).stdout.decode()
-    assert "storage" in table and "up" in table
+    assert "storage" in table and "gateway" in table and "up" in table
 
 
 def test_errors_are_messages_not_tracebacks(workdir: Path) -> None:
