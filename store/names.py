@@ -7,6 +7,8 @@ from store.errors import BadRequest
 
 BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 MAX_KEY_BYTES = 1024
+RESERVED_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")   # S3 reserves these
+RESERVED_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
 # Internal namespaces on the control ring: no S3 bucket name can start with "_".
 UPLOADS_BUCKET = "_uploads"    # multipart uploads in progress
 PARTS_BUCKET = "_parts"        # their parts
@@ -21,7 +23,8 @@ def check_bucket_name(name: str, system_ok: bool = False) -> str:
     """
     if system_ok and name in SYSTEM_BUCKETS:
         return name
-    if not BUCKET_RE.match(name) or ".." in name or re.match(r"^\d+\.\d+\.\d+\.\d+$", name):
+    if (not BUCKET_RE.match(name) or ".." in name or re.match(r"^\d+\.\d+\.\d+\.\d+$", name)
+            or name.startswith(RESERVED_PREFIXES) or name.endswith(RESERVED_SUFFIXES)):
         raise BadRequest(f"invalid bucket name {name[:80]!r}: use 3-63 characters "
                          "a-z 0-9 . -, starting and ending with a letter or digit")
     return name

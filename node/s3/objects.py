@@ -3,6 +3,7 @@ DeleteObjects, object ACLs. Each handler decodes the request, calls the client l
 encodes the answer."""
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
 from email.utils import parsedate_to_datetime
@@ -16,9 +17,10 @@ from node.s3.context import DEFAULT_OWNER, Md5Stream, S3Ctx, access_denied, buck
 from node.s3.errors import S3Error
 from node.s3.xml import child_text, doc, el, escape, http_date, iso8601, owner_xml, parse
 from store.client import MAX_USER_META_BYTES, new_version_id
-from store.errors import NotFound, RangeNotSatisfiable
+from store.errors import EcstoreError, NotFound, RangeNotSatisfiable
 from store.striping import resolve_range
 
+log = logging.getLogger("ecstore.gateway")
 STORED_HEADERS = ("Cache-Control", "Content-Disposition", "Content-Encoding", "Content-Language",
                   "Expires")
 RESPONSE_OVERRIDES = {"response-content-type": "Content-Type",
@@ -75,12 +77,11 @@ def stored_headers(headers: Mapping[str, str]) -> dict[str, str]:
 
 # ---- reading -----------------------------------------------------------------------------
 async def readable_record(ctx: S3Ctx) -> dict[str, Any]:
-    """The object's record if the caller may read it: the bucket's owner, or anyone when
-    the bucket or the object is public-read. NoSuchBucket / NoSuchKey / AccessDenied."""
+    """The object's record if the caller may read it: the bucket's owner, or anyone (any
+    user, or anonymous) when the bucket or the object is public-read.
+    NoSuchBucket / NoSuchKey / AccessDenied."""
     brec = await ctx.gw.bucket(ctx.bucket)
     owner = ctx.user is not None and ctx.user == bucket_owner(brec)
-    if ctx.user is not None and not owner:
-        raise access_denied()
     try:
         rec = await ctx.client.live_record(ctx.bucket, ctx.key)
     except NotFound:
@@ -158,6 +159,9 @@ async def get_object(ctx: S3Ctx, head: bool = False) -> web.StreamResponse:
         if q in ctx.query:
             headers[h] = ctx.query[q]
     size = rec["size"]
+    if size == 0 and ctx.headers.get("Range") and RANGE_RE.match(ctx.headers["Range"].strip()):
+        raise S3Error("InvalidRange", "The requested range is not satisfiable", 416,
+                      {"Content-Range": "bytes */0"})
     rng = parse_range(ctx.headers.get("Range"), size)
     lo, hi = rng if rng is not None else (0, size)
     if rng is not None:
@@ -166,10 +170,25 @@ async def get_object(ctx: S3Ctx, head: bool = False) -> web.StreamResponse:
         headers.update(checksum_headers(rec))
     resp = web.StreamResponse(status=206 if rng is not None else 200, headers=headers)
     resp.content_length = hi - lo
+    if head or hi == lo:
+        await resp.prepare(ctx.request)
+        await resp.write_eof()
+        return resp
+    stream = ctx.client.get_stream(ctx.bucket, ctx.key, lo, hi - 1, record=rec)
+    first = await anext(stream)  # before the status line: a failure here is a clean 5xx
     await resp.prepare(ctx.request)
-    if not head and hi > lo:
-        async for chunk in ctx.client.get_stream(ctx.bucket, ctx.key, lo, hi - 1, record=rec):
+    try:
+        await resp.write(first)
+        async for chunk in stream:
             await resp.write(chunk)
+    except EcstoreError as exc:
+        # the status line is gone: cut the connection so that the client sees a short
+        # body, never one that looks complete
+        log.warning("GET %s/%s failed after %s: %s", ctx.bucket, ctx.key,
+                    headers.get("Content-Range", "the headers"), exc.message)
+        if ctx.request.transport is not None:
+            ctx.request.transport.abort()
+        raise ConnectionResetError("response cut short") from None
     await resp.write_eof()
     return resp
 
@@ -312,10 +331,11 @@ async def read_acl_request(ctx: S3Ctx) -> str:
     if await body.read_all():
         raise S3Error("NotImplemented", "ACL documents are not supported; use the x-amz-acl "
                       "header with private or public-read", 501)
+    acl = canned_acl(ctx.headers)  # grant headers: NotImplemented
     if "x-amz-acl" not in ctx.headers:
         raise S3Error("MissingSecurityHeader", "Your request was missing a required header: "
                       "x-amz-acl")
-    return canned_acl(ctx.headers)
+    return acl
 
 
 async def put_object_acl(ctx: S3Ctx) -> web.StreamResponse:
