@@ -26,6 +26,7 @@ from node.server import run
 from store.client import Client
 from store.cluster import ClusterInfo
 from store.errors import BadRequest, Conflict, EcstoreError, NotFound, RangeNotSatisfiable, TooLarge, Unavailable
+from store.names import MAX_KEY_BYTES
 
 log = logging.getLogger("ecstore.gateway")
 HEALTH_PATH = "/_ecstore/health"
@@ -147,6 +148,8 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
                                  and not (({"acl", "uploadId"} | UNSUPPORTED) & set(request.query))):
             raise access_denied()
         handler = route(request.method, ctx)
+        if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+            raise S3Error("KeyTooLongError", "Your key is too long")
         resp = await handler(ctx)
         resp.headers["x-amz-request-id"] = ctx.request_id
         return resp
