@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import re
+import signal
 import time
 from collections.abc import Awaitable, Callable
 
@@ -34,6 +36,7 @@ GATEWAY = web.AppKey("gateway", Gateway)
 Handler = Callable[[S3Ctx], Awaitable[web.StreamResponse]]
 _CREDENTIAL = re.compile(r"Credential=([^/,\s]+)/")
 MAP_RETRY_S = 1.0
+ORPHAN_CHECK_S = 1.0
 # Subresources S3 has and we do not: answered NotImplemented, never ignored.
 UNSUPPORTED = frozenset({"policy", "lifecycle", "cors", "tagging", "website", "logging",
                          "notification", "replication", "encryption", "object-lock", "retention",
@@ -201,6 +204,8 @@ def config_from_args(argv: list[str] | None = None) -> GatewayConfig:
     p.add_argument("--control", default=os.environ.get("ECSTORE_CONTROL", ""),
                    help="control node URLs, comma separated (or $ECSTORE_CONTROL)")
     p.add_argument("--region", default=os.environ.get("ECSTORE_S3_REGION", "us-east-1"))
+    p.add_argument("--workers", type=int, default=int(os.environ.get("ECSTORE_GATEWAY_WORKERS", 1)),
+                   help="processes sharing the port (default 1; one per core is typical)")
     p.add_argument("--segment-slots", type=int,
                    default=int(os.environ.get("ECSTORE_GATEWAY_SEGMENT_SLOTS", DEFAULT_SEGMENT_SLOTS)),
                    help="segments held in memory across all requests (the memory bound)")
@@ -210,7 +215,8 @@ def config_from_args(argv: list[str] | None = None) -> GatewayConfig:
         secret=os.environ.get("ECSTORE_SECRET", ""),
         admin_access_key=os.environ.get("ECSTORE_S3_ACCESS_KEY", ""),
         admin_secret_key=os.environ.get("ECSTORE_S3_SECRET_KEY", ""),
-        host=a.host, port=a.port, region=a.region, segment_slots=a.segment_slots)
+        host=a.host, port=a.port, region=a.region, segment_slots=a.segment_slots,
+        workers=a.workers)
     try:
         return config.check()
     except ValueError as exc:
@@ -218,8 +224,45 @@ def config_from_args(argv: list[str] | None = None) -> GatewayConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Serve with `workers` processes sharing the port (SO_REUSEPORT), so the gateway's
+    hashing and encoding use every core. The first process serves too and forwards
+    SIGTERM/SIGINT to the others; they exit when it is gone (a SIGKILL included)."""
     config = config_from_args(argv)
-    run(make_app(config), config.host, config.port)
+    if config.workers == 1:
+        run(make_app(config), config.host, config.port)
+        return
+    children = [_fork_worker(config) for _ in range(config.workers - 1)]
+
+    def stop(signum: int, _frame: object) -> None:
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        raise SystemExit(0)
+    signal.signal(signal.SIGTERM, stop)
+    run(make_app(config), config.host, config.port, reuse_port=True)
+    stop(signal.SIGTERM, None)
+
+
+def _fork_worker(config: GatewayConfig) -> int:
+    parent = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    app = make_app(config)
+
+    async def orphan_watch(app: web.Application):  # type: ignore[no-untyped-def]
+        async def watch() -> None:
+            while os.getppid() == parent:
+                await asyncio.sleep(ORPHAN_CHECK_S)
+            os.kill(os.getpid(), signal.SIGTERM)
+        task = asyncio.ensure_future(watch())
+        yield
+        task.cancel()
+    app.cleanup_ctx.append(orphan_watch)
+    try:
+        run(app, config.host, config.port, reuse_port=True)
+    finally:
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -78,15 +78,15 @@ def secret_from_env() -> str:
     return secret
 
 
-def run(app: web.Application, host: str, port: int) -> None:
-    """Serve on uvloop until SIGTERM or SIGINT."""
+def run(app: web.Application, host: str, port: int, reuse_port: bool = False) -> None:
+    """Serve on uvloop until SIGTERM or SIGINT (reuse_port: several processes share it)."""
     import uvloop
 
     logging.basicConfig(level=os.environ.get("ECSTORE_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     uvloop.install()
     web.run_app(app, host=host, port=port, print=None, access_log=None,
-                handle_signals=True)
+                handle_signals=True, reuse_port=reuse_port or None)
 
 
 async def verified_body(request: web.Request) -> bytes:

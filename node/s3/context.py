@@ -39,13 +39,16 @@ class GatewayConfig:
     max_object_bytes: int = MAX_OBJECT_BYTES
     # segments in memory across all requests (each ~ segment x (1 + (k+m)/k) bytes): the
     # gateway's memory bound whatever clients send; a request waits for a slot (backpressure)
-    segment_slots: int = DEFAULT_SEGMENT_SLOTS
+    segment_slots: int = DEFAULT_SEGMENT_SLOTS      # per worker process
+    workers: int = 1
 
     def check(self) -> "GatewayConfig":
         if not self.control:
             raise ValueError("the gateway needs at least one control node URL (--control)")
         if len(self.secret) < 16:
             raise ValueError("ECSTORE_SECRET must be set to the cluster secret (16+ chars)")
+        if not 1 <= self.workers <= 64:
+            raise ValueError("workers must be between 1 and 64")
         if self.segment_slots < 1:
             raise ValueError("segment slots must be at least 1")
         if not self.admin_access_key or len(self.admin_secret_key) < 16:
@@ -71,7 +74,8 @@ class Gateway:
         if hit is not None and hit[0] > time.monotonic():
             return hit[1]
         rec = await lookup_key(self.client, access_key)
-        _put_bounded(self._keys, access_key, (time.monotonic() + KEY_CACHE_TTL_S, rec))
+        if rec is not None:  # an unknown key is asked again: it may have just been made
+            _put_bounded(self._keys, access_key, (time.monotonic() + KEY_CACHE_TTL_S, rec))
         return rec
 
     async def bucket(self, name: str) -> dict[str, Any]:
@@ -84,7 +88,8 @@ class Gateway:
                 rec = await self.client.bucket_record(name)
             except NotFound:
                 rec = None
-            _put_bounded(self._buckets, name, (time.monotonic() + BUCKET_CACHE_TTL_S, rec))
+            if rec is not None:  # absent buckets are asked again: another worker may make one
+                _put_bounded(self._buckets, name, (time.monotonic() + BUCKET_CACHE_TTL_S, rec))
         if rec is None:
             raise S3Error("NoSuchBucket", "The specified bucket does not exist", 404)
         return rec
