@@ -529,8 +529,17 @@ class Client:
         reply = await self.t.request("GET", node.address, f"/v1/fragments/{fid}",
                                      timeout_s=FRAGMENT_TIMEOUT_S)
         if hashlib.sha256(reply.body).hexdigest() != reply.headers.get(CHECKSUM_HEADER):
-            raise Corrupt(f"fragment {fid} from {node.id} failed its checksum in transit")
+            self._spawn(self._report_corrupt(node, fid))
+            raise Corrupt(f"fragment {fid} from {node.id} failed its checksum")
         return reply.body
+
+    async def _report_corrupt(self, node: Node, fid: str) -> None:
+        """Ask the node to verify the fragment now: it quarantines it if the disk copy is
+        bad (a flip in transit leaves it be). Best effort; the scrubber finds it anyway."""
+        try:
+            await self.t.request("POST", node.address, f"/v1/fragments/{fid}/verify", timeout_s=30)
+        except EcstoreError:
+            pass
 
     # ---- delete and list -------------------------------------------------------------
     async def delete(self, bucket: str, key: str) -> None:

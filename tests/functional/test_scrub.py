@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 
 from node.fragments import FragmentStore
 from node.scrub import Scrubber, ScrubStats, pacing_pause_s, scrub_now, step_budget_bytes
+from store.auth import CHECKSUM_HEADER
 from store.errors import Corrupt, NotFound
 from store.transport import Transport
 from store.wire import unpack
@@ -145,12 +147,15 @@ def test_post_scrub_quarantines_and_the_get_answers_not_found(tmp_path: Path) ->
     run(tmp_path, body, scrub_rate_mb_s=0.0)
 
 
-def test_a_corrupt_fragment_found_by_get_is_quarantined_on_the_spot(tmp_path: Path) -> None:
+def test_a_corrupt_fragment_reported_by_a_reader_is_quarantined_on_the_spot(tmp_path: Path) -> None:
     async def body(t: Transport, url: str) -> None:
         await t.request("PUT", url, "/v1/fragments/v5.0.0", body=b"y" * 2000)
+        await t.request("POST", url, "/v1/fragments/v5.0.0/verify")  # good: stays
         flip_last_byte(tmp_path, "v5.0.0")
+        got = await t.request("GET", url, "/v1/fragments/v5.0.0")  # the reader verifies
+        assert hashlib.sha256(got.body).hexdigest() != got.headers[CHECKSUM_HEADER]
         with pytest.raises(Corrupt):
-            await t.request("GET", url, "/v1/fragments/v5.0.0")
+            await t.request("POST", url, "/v1/fragments/v5.0.0/verify")
         with pytest.raises(NotFound):
             await t.request("GET", url, "/v1/fragments/v5.0.0")
         st = await status(t, url)

@@ -7,7 +7,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from store.auth import sign_headers
+from store.auth import CHECKSUM_HEADER, sign_headers
 from store.errors import BadRequest, Corrupt, NotFound, Unauthorized
 from store.transport import Transport
 from tests.functional.harness import SECRET, run
@@ -50,7 +50,12 @@ def test_corrupt_fragment_is_reported_never_served(tmp_path: Path) -> None:
         raw = bytearray(path.read_bytes())
         raw[-1] ^= 1
         path.write_bytes(bytes(raw))
-        with pytest.raises(Corrupt):
+        # served as stored, with the checksum it was stored with: the reader's check fails
+        got = await t.request("GET", url, "/v1/fragments/v3.0.0")
+        assert hashlib.sha256(got.body).hexdigest() != got.headers[CHECKSUM_HEADER]
+        with pytest.raises(Corrupt):  # the reader's report: verified and quarantined
+            await t.request("POST", url, "/v1/fragments/v3.0.0/verify")
+        with pytest.raises(NotFound):
             await t.request("GET", url, "/v1/fragments/v3.0.0")
     run(tmp_path, body)
 
