@@ -9,7 +9,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
-.PHONY: up test bench
+.PHONY: up test bench compare
 up: $(STAMP)
 	$(BIN)/ecstore cluster up --data .ecstore
 
@@ -18,3 +18,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run
+
+compare: $(STAMP)
+	$(BIN)/pip install -q -e '.[test,bench]'
+	$(BIN)/python -m bench.compare
