@@ -13,12 +13,14 @@ import hashlib
 import http.client
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+import zlib
 from base64 import b64encode
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -313,3 +315,30 @@ def wait_key_state(gw: Gateway, key: dict[str, str], works: bool) -> str:
 
 def user_client(gw: Gateway, key: dict[str, str]) -> BaseClient:
     return make_client(gw, key["access_key"], key["secret_key"])
+
+
+# ---- helpers shared by the S3 test modules -------------------------------------------
+def blob(size: int, seed: int) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+def md5_etag(data: bytes) -> str:
+    return f'"{hashlib.md5(data).hexdigest()}"'
+
+
+def crc32_b64(data: bytes) -> str:
+    return b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+
+
+def status(resp: dict) -> int:
+    return int(resp["ResponseMetadata"]["HTTPStatusCode"])
+
+
+def record_headers(client: BaseClient, event: str) -> list[dict[str, str]]:
+    """The headers of every request `client` sends for `event` (e.g. "PutObject", "*")."""
+    sent: list[dict[str, str]] = []
+
+    def record(request: Any, **_: object) -> None:
+        sent.append({k.lower(): v.decode() if isinstance(v, bytes) else v for k, v in request.headers.items()})
+    client.meta.events.register(f"before-send.s3.{event}", record)
+    return sent
