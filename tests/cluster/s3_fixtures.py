@@ -342,3 +342,23 @@ def record_headers(client: BaseClient, event: str) -> list[dict[str, str]]:
         sent.append({k.lower(): v.decode() if isinstance(v, bytes) else v for k, v in request.headers.items()})
     client.meta.events.register(f"before-send.s3.{event}", record)
     return sent
+
+
+MiB = 1024 * 1024
+SEG = 4 * MiB          # the default policy's segment size
+BUCKET = "objects"
+
+
+@pytest.fixture(scope="module")
+def bucket(s3: BaseClient) -> str:
+    """One bucket per module (each module has a cluster of its own)."""
+    s3.create_bucket(Bucket=BUCKET)
+    return BUCKET
+
+
+@pytest.fixture(scope="module")
+def ragged(s3: BaseClient, bucket: str) -> bytes:
+    """Two full 4 MiB segments and a ragged third, stored with one PutObject."""
+    data = blob(2 * SEG + 12345, 1)
+    s3.put_object(Bucket=bucket, Key="ragged", Body=data)
+    return data

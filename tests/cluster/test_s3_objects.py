@@ -17,45 +17,24 @@ from botocore.exceptions import BotoCoreError, ClientError, ReadTimeoutError
 
 from cli.localcluster import LocalCluster
 from tests.cluster.s3_fixtures import (  # noqa: F401
-    AwsCli,
+    SEG,
     Gateway,
-    aws,
     blob,
+    bucket,
     client_error,
-    crc32_b64,
     create_key,
     gateway,
-    http_request,
     make_client,
-    md5_b64,
     md5_etag,
-    poll,
+    ragged,
     raw_request,
-    record_headers,
     s3,
     s3_cluster,
     s3_once,
-    sign,
     status,
     user_client,
 )
 
-MiB = 1024 * 1024
-SEG = 4 * MiB
-BUCKET = "objects"
-
-@pytest.fixture(scope="module")
-def bucket(s3: BaseClient) -> str:
-    s3.create_bucket(Bucket=BUCKET)
-    return BUCKET
-
-
-@pytest.fixture(scope="module")
-def ragged(s3: BaseClient, bucket: str) -> bytes:
-    """Two full 4 MiB segments and a ragged third, stored with one PutObject."""
-    data = blob(2 * SEG + 12345, 1)
-    s3.put_object(Bucket=bucket, Key="ragged", Body=data)
-    return data
 
 # ---- buckets -----------------------------------------------------------------------------
 def test_bucket_create_head_list_delete(s3: BaseClient) -> None:
