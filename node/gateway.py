@@ -23,7 +23,7 @@ from node.s3 import buckets, objects, uploads
 from node.s3.context import DEFAULT_SEGMENT_SLOTS, Gateway, GatewayConfig, S3Ctx
 from node.s3.errors import S3Error, access_denied
 from node.s3.sigv2 import access_key_v2, authenticate_v2, is_v2
-from node.s3.sigv4 import authenticate
+from node.s3.sigv4 import AuthResult, authenticate
 from node.server import run
 from store.client import Client
 from store.cluster import ClusterInfo
@@ -95,7 +95,7 @@ def split_path(path: str) -> tuple[str, str]:
     return bucket, key
 
 
-async def _authenticate(request: web.Request, gw: Gateway) -> tuple[str | None, object]:
+async def _authenticate(request: web.Request, gw: Gateway) -> tuple[str | None, AuthResult | None]:
     """(user, AuthResult) of a signed request, (None, None) for an anonymous one."""
     header = request.headers.get("Authorization", "")
     v2 = is_v2(request.query, request.headers)
@@ -146,7 +146,7 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
     ctx = S3Ctx(request, gw, bucket, key, None, None)
     try:
         user, auth = await _authenticate(request, gw)
-        ctx.user, ctx.auth = user, auth  # type: ignore[assignment]
+        ctx.user, ctx.auth = user, auth
         if user is None and not (request.method in ("GET", "HEAD") and key
                                  and not (({"acl", "uploadId"} | UNSUPPORTED) & set(request.query))):
             raise access_denied()

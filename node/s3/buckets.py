@@ -13,7 +13,7 @@ from node.s3.body import BodyReader
 from node.s3.context import S3Ctx, access_denied, bucket_owner, canned_acl
 from node.s3.errors import S3Error
 from node.s3.objects import acl_xml, read_acl_request
-from node.s3.xml import doc, el, iso8601, owner_xml, parse
+from node.s3.xml import doc, el, escape, iso8601, owner_xml, parse
 from store.errors import BadRequest, Conflict
 from store.listing import PAST_PREFIX, ListResult
 from store.names import check_bucket_name
@@ -91,8 +91,7 @@ async def delete_bucket(ctx: S3Ctx) -> web.StreamResponse:
 async def get_location(ctx: S3Ctx) -> web.StreamResponse:
     await ctx.owned_bucket()
     region = "" if ctx.gw.config.region == "us-east-1" else ctx.gw.config.region
-    return xml_response(doc("LocationConstraint", region).replace(
-        b"<LocationConstraint xmlns", b"<LocationConstraint xmlns", 1))
+    return xml_response(doc("LocationConstraint", escape(region)))
 
 
 async def get_versioning(ctx: S3Ctx) -> web.StreamResponse:
@@ -175,6 +174,12 @@ def _common(ctx: S3Ctx, enc: Any, max_keys: int, page: ListResult) -> list[str]:
     return out
 
 
+def last_name(page: ListResult) -> str:
+    """The page's last key or common prefix: a V1 NextMarker or a NextKeyMarker (a prefix
+    marker resumes past every key under it, see resume_after)."""
+    return max([o.key for o in page.objects] + page.common_prefixes)
+
+
 def token_encode(after: str) -> str:
     return base64.urlsafe_b64encode(after.encode()).decode()
 
@@ -212,8 +217,7 @@ async def list_objects_v1(ctx: S3Ctx) -> web.StreamResponse:
     page = await _page(ctx, marker, max_keys)
     parts = _common(ctx, enc, max_keys, page) + [el("Marker", enc(marker))]
     if page.truncated:
-        last = max([o.key for o in page.objects] + page.common_prefixes)
-        parts.append(el("NextMarker", enc(last)))
+        parts.append(el("NextMarker", enc(last_name(page))))
     return xml_response(doc("ListBucketResult", *parts,
                             *_contents(ctx, page, enc, bucket_owner(brec))))
 
@@ -229,8 +233,7 @@ async def list_object_versions(ctx: S3Ctx) -> web.StreamResponse:
     parts += [el("KeyMarker", enc(key_marker)), el("VersionIdMarker", ctx.query.get(
         "version-id-marker", ""))]
     if page.truncated:
-        last = max([o.key for o in page.objects] + page.common_prefixes)
-        parts += [el("NextKeyMarker", enc(last)), el("NextVersionIdMarker", "null")]
+        parts += [el("NextKeyMarker", enc(last_name(page))), el("NextVersionIdMarker", "null")]
     items = [el("Version", [el("Key", enc(o.key)), el("VersionId", "null"),
                             el("IsLatest", True), el("LastModified", iso8601(o.ts)),
                             el("ETag", f'"{o.etag or o.version_id}"'), el("Size", o.size),

@@ -13,10 +13,10 @@ from urllib.parse import unquote
 from aiohttp import web
 
 from node.s3.body import BodyReader
-from node.s3.context import DEFAULT_OWNER, Md5Stream, S3Ctx, access_denied, bucket_owner, canned_acl
+from node.s3.context import Md5Stream, S3Ctx, access_denied, bucket_owner, canned_acl
 from node.s3.errors import S3Error
 from node.s3.xml import child_text, doc, el, escape, http_date, iso8601, owner_xml, parse
-from store.client import MAX_USER_META_BYTES, new_version_id
+from store.client import MAX_USER_META_BYTES
 from store.errors import EcstoreError, NotFound, RangeNotSatisfiable
 from store.striping import resolve_range
 
@@ -349,5 +349,3 @@ async def put_object_acl(ctx: S3Ctx) -> web.StreamResponse:
     await ctx.client.commit(ctx.bucket, ctx.key, {**rec, "acl": acl, "ts": rec["ts"] + 1})
     return web.Response(status=200)
 
-
-__all__ = ["DEFAULT_OWNER", "new_version_id"]

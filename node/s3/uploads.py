@@ -3,13 +3,14 @@ copy), complete, abort, list parts, list uploads. A part streams from the reques
 into segments (never held whole)."""
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from urllib.parse import quote
 
 from aiohttp import web
 
 from node.s3.body import BodyReader
 from node.s3.buckets import xml_response
-from node.s3.context import Md5Stream, S3Ctx, canned_acl
+from node.s3.context import Md5Stream, S3Ctx, bucket_owner, canned_acl
 from node.s3.errors import S3Error
 from node.s3.objects import copy_source, parse_range, readable_record, stored_headers, user_meta
 from node.s3.xml import doc, el, iso8601, owner_xml, parse
@@ -87,7 +88,7 @@ async def _upload_part_copy(ctx: S3Ctx, number: int) -> web.StreamResponse:
                             el("ETag", f'"{part.etag}"')))
 
 
-async def _empty():  # type: ignore[no-untyped-def]
+async def _empty() -> AsyncIterator[bytes]:
     return
     yield b""
 
@@ -139,11 +140,11 @@ async def list_parts(ctx: S3Ctx) -> web.StreamResponse:
     max_parts = min(_int_query(ctx, "max-parts", MAX_LISTED), MAX_LISTED)
     parts, truncated = (await mp.list_parts(ctx.client, ctx.query["uploadId"], marker, max_parts)
                         if max_parts else ([], False))
-    owner = owner_xml(str(brec.get("owner") or "admin"))
+    owner = bucket_owner(brec)
     items = [el("Part", [el("PartNumber", p.number), el("LastModified", iso8601(p.ts)),
                          el("ETag", f'"{p.etag}"'), el("Size", p.size)]) for p in parts]
     head = [el("Bucket", ctx.bucket), el("Key", ctx.key), el("UploadId", ctx.query["uploadId"]),
-            owner.replace("<Owner>", "<Initiator>").replace("</Owner>", "</Initiator>"), owner,
+            owner_xml(owner, "Initiator"), owner_xml(owner),
             el("StorageClass", "STANDARD"), el("PartNumberMarker", marker),
             el("MaxParts", max_parts), el("IsTruncated", truncated)]
     if truncated:
@@ -161,14 +162,14 @@ async def list_uploads(ctx: S3Ctx) -> web.StreamResponse:
            if (u["key"], u["upload_id"]) > (key_marker, id_marker if id_marker else "\U0010ffff")
            or (not key_marker)]
     page, truncated = ups[:max_uploads], len(ups) > max_uploads
-    owner = owner_xml(str(brec.get("owner") or "admin"))
+    owner = bucket_owner(brec)
     head = [el("Bucket", ctx.bucket), el("KeyMarker", key_marker),
             el("UploadIdMarker", id_marker), el("Prefix", prefix),
             el("MaxUploads", max_uploads), el("IsTruncated", truncated)]
     if truncated and page:
         head += [el("NextKeyMarker", page[-1]["key"]), el("NextUploadIdMarker", page[-1]["upload_id"])]
     items = [el("Upload", [el("Key", u["key"]), el("UploadId", u["upload_id"]),
-                           owner.replace("<Owner>", "<Initiator>").replace("</Owner>", "</Initiator>"),
-                           owner, el("StorageClass", "STANDARD"),
+                           owner_xml(owner, "Initiator"), owner_xml(owner),
+                           el("StorageClass", "STANDARD"),
                            el("Initiated", iso8601(int(u["initiated"] * 1e9)))]) for u in page]
     return xml_response(doc("ListMultipartUploadsResult", *head, *items))

@@ -49,8 +49,9 @@ def http_date(ts_ns: int) -> str:
     return formatdate(ts_ns // 1_000_000_000, usegmt=True)
 
 
-def owner_xml(user: str) -> str:
-    return el("Owner", [el("ID", user), el("DisplayName", user)])
+def owner_xml(user: str, tag: str = "Owner") -> str:
+    """<Owner> (or <Initiator>) naming a user by its id and display name (the same)."""
+    return el(tag, [el("ID", user), el("DisplayName", user)])
 
 
 def parse(body: bytes, root: str) -> ET.Element:
