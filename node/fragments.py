@@ -29,6 +29,8 @@ from store.wire import pack, unpack
 MAGIC = b"ECF1"
 MAX_HEADER_BYTES = 64 * 1024
 QUARANTINE_SEPARATOR = "~"  # never in a fragment id: `{fid}~{ns}` for a second copy
+DEFAULT_RESERVE_FRACTION = 0.01            # refuse fragments that would leave less free
+DEFAULT_RESERVE_MAX_BYTES = 1024 ** 3      # ... but never reserve more than 1 GiB
 FRAGMENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
 
 
@@ -50,11 +52,17 @@ class Fragment:
 class FragmentStore:
     """Blocking file operations; the server calls them from a thread pool."""
 
-    def __init__(self, data_dir: Path, fsync: bool = True) -> None:
+    def __init__(self, data_dir: Path, fsync: bool = True,
+                 reserve_bytes: int | None = None) -> None:
         self.root = data_dir / "fragments"
         self.tmp = data_dir / "tmp"
         self.quarantine = data_dir / "quarantine"
         self.fsync = fsync
+        if reserve_bytes is None:
+            st = os.statvfs(data_dir)
+            reserve_bytes = min(DEFAULT_RESERVE_MAX_BYTES,
+                                int(st.f_blocks * st.f_frsize * DEFAULT_RESERVE_FRACTION))
+        self.reserve_bytes = reserve_bytes
         for d in (self.root, self.tmp, self.quarantine):
             d.mkdir(parents=True, exist_ok=True)
         for leftover in self.tmp.iterdir():  # half-written files of a crash
@@ -82,6 +90,10 @@ class FragmentStore:
             raise BadRequest("body does not match its checksum (truncated or damaged upload)")
         header = pack({"checksum": checksum, "size": len(body), "meta": meta})
         final = self.path(fid)
+        st = os.statvfs(self.tmp)
+        if st.f_bavail * st.f_frsize - len(body) - len(header) < self.reserve_bytes:
+            raise InsufficientStorage(f"disk full: fewer than {self.reserve_bytes} bytes "
+                                      "would stay free")
         tmp = self.tmp / f"{fid}.{uuid.uuid4().hex}"
         try:
             with open(tmp, "wb") as f:
@@ -92,6 +104,8 @@ class FragmentStore:
                     os.fsync(f.fileno())
             if final.parent.name not in self._dirs_made:  # a mkdir per put cost ~8% of it
                 final.parent.mkdir(exist_ok=True)
+                if self.fsync:
+                    _fsync_dir(self.root)
                 self._dirs_made.add(final.parent.name)
             with self._lock:
                 old = final.stat().st_size if final.exists() else None
@@ -102,6 +116,8 @@ class FragmentStore:
                     self.bytes += new_size
                 else:
                     self.bytes += new_size - old
+            if self.fsync:  # the rename must survive a power loss too (~0.2 ms here)
+                _fsync_dir(final.parent)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             if exc.errno == 28:  # ENOSPC
@@ -177,6 +193,14 @@ class FragmentStore:
         st = os.statvfs(self.root)
         return {"disk_total_bytes": st.f_blocks * st.f_frsize,
                 "disk_free_bytes": st.f_bavail * st.f_frsize}
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def parse_fragment(fid: str, raw: bytes, verify: bool = True) -> Fragment:

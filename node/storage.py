@@ -45,6 +45,7 @@ class StorageConfig:
     scrub_rate_mb_s: float = DEFAULT_SCRUB_RATE_MB_S  # background scrub; 0 = off
     scrub_pass_interval_s: float = DEFAULT_SCRUB_PASS_INTERVAL_S
     scrub_start_delay_s: float = DEFAULT_SCRUB_START_DELAY_S
+    reserve_bytes: int | None = None  # refuse fragments below this much free; None: 1%, max 1 GiB
 
 
 SCRUB_RATE_ENV = "ECSTORE_SCRUB_RATE_MB_S"
@@ -140,7 +141,8 @@ def make_app(config: StorageConfig) -> web.Application:
     app[SCRUB_STATS] = ScrubStats()
 
     async def open_store(app: web.Application) -> AsyncIterator[None]:
-        app[STORE] = await _in_thread(FragmentStore, config.data_dir, config.fsync)
+        app[STORE] = await _in_thread(FragmentStore, config.data_dir, config.fsync,
+                                      config.reserve_bytes)
         app[SCRUB_NOW_LOCK] = asyncio.Lock()
         yield
 
@@ -181,12 +183,18 @@ def main(argv: list[str] | None = None) -> None:
                    f"else {DEFAULT_SCRUB_RATE_MB_S})")
     p.add_argument("--scrub-interval-s", type=float, default=DEFAULT_SCRUB_PASS_INTERVAL_S,
                    help="rest between background scrub passes, seconds")
+    p.add_argument("--reserve-mb", type=float, default=None,
+                   help="free space kept on the disk: fragments that would leave less are "
+                   "refused with 507 (default 1%% of the disk, at most 1024)")
     a = p.parse_args(argv)
     if a.scrub_rate_mb_s < 0 or a.scrub_interval_s < 0:
         p.error("--scrub-rate-mb-s and --scrub-interval-s must not be negative")
+    if a.reserve_mb is not None and a.reserve_mb < 0:
+        p.error("--reserve-mb must not be negative")
     cfg = StorageConfig(a.id, a.data, secret_from_env(), a.host, a.port, not a.no_fsync,
                         scrub_rate_mb_s=a.scrub_rate_mb_s,
-                        scrub_pass_interval_s=a.scrub_interval_s)
+                        scrub_pass_interval_s=a.scrub_interval_s,
+                        reserve_bytes=None if a.reserve_mb is None else int(a.reserve_mb * 2**20))
     run(make_app(cfg), cfg.host, cfg.port)
 
 

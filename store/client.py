@@ -16,6 +16,7 @@ import os
 import secrets
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable, TypeVar
@@ -28,13 +29,18 @@ from store.auth import CHECKSUM_HEADER
 from store.cluster import ClusterInfo
 from store.errors import BadRequest, Conflict, Corrupt, EcstoreError, NotFound, Unavailable
 from store.listing import ListResult, merge_listing
-from store.metadata import MetaQuorum, effective_quorums
+from store.metadata import MetaQuorum, effective_quorums, first_answers
 from store.names import check_bucket_name, check_key
 from store.striping import Extent, extent_slices, fragment_id, plan_fetches, record_extents, resolve_range
 from store.transport import Transport, quote_key
 from store.wire import FRAGMENT_META_HEADER, pack, pack_header, unpack
 
 FRAGMENT_TIMEOUT_S = 30.0
+STRAGGLER_MIN_S = 2.0          # a fragment put this far behind its segment's k-th goes to a handoff
+STRAGGLER_FACTOR = 3.0         # ... or this many times what the k-th took, if longer
+HEDGE_MIN_S = 0.05             # a fragment get slower than the hedge delay brings in one more
+HEDGE_MAX_S = 1.0
+HEDGE_DEFAULT_S = 0.25         # until latencies have been seen
 MAX_INFLIGHT_SEGMENTS = 4      # put pipeline depth: memory ~ this x segment x (k+m)/k
 READAHEAD_SEGMENTS = 2         # get stream read-ahead
 MAX_USER_META_BYTES = 2048
@@ -84,6 +90,7 @@ class Client:
         # A bound on segments held in memory across every put and get of this client (the
         # gateway sets one); None: each put or get is bounded on its own only.
         self.segment_slots: asyncio.Semaphore | None = None
+        self._fetch_times: deque[float] = deque(maxlen=200)  # recent fragment gets, seconds
 
     @classmethod
     def connect(cls, cluster: str | os.PathLike[str] | ClusterInfo | None = None) -> "Client":
@@ -109,6 +116,9 @@ class Client:
             return self._map
         if self._map_fetch is None or self._map_fetch.done():
             self._map_fetch = asyncio.ensure_future(self._fetch_newest_map())
+            self._map_fetch.add_done_callback(_retrieve)
+        if self._map is not None and not refresh:
+            return self._map  # stale while revalidating: the fetch never delays a request
         try:
             return await asyncio.shield(self._map_fetch)
         except Unavailable:
@@ -120,8 +130,8 @@ class Client:
         urls = {*self.info.control}
         if self._map is not None:
             urls |= {n.address for n in self._map.control.nodes}
-        maps = await asyncio.gather(*(self._fetch_map(url) for url in sorted(urls)),
-                                    return_exceptions=True)
+        maps = await first_answers([self._fetch_map(url) for url in sorted(urls)],
+                                   len(urls) // 2 + 1)
         good = [m for m in maps if isinstance(m, ClusterMap)]
         if not good:
             raise Unavailable("no control node answered with a cluster map",
@@ -175,8 +185,9 @@ class Client:
     async def update_bucket(self, bucket: str, **fields: Any) -> None:
         """Change fields of an existing bucket's record (e.g. its acl)."""
         rec = await self.bucket_record(bucket)
+        after = rec["ts"] + 1  # newer than the record it changes, whatever this clock says
         rec = {k: v for k, v in rec.items() if k not in ("ts", "version_id")}
-        await self._write_bucket(bucket, {**rec, **fields, "deleted": False})
+        await self._write_bucket(bucket, {**rec, **fields, "deleted": False}, after)
 
     async def list_bucket_records(self) -> builtins.list[dict[str, Any]]:
         """Every live bucket's record with its "name", sorted by name."""
@@ -184,10 +195,10 @@ class Client:
         return [r for _, r in sorted(rows.items()) if not r["deleted"]]
 
     async def delete_bucket(self, bucket: str) -> None:
-        await self._require_bucket(bucket, cached=False)
+        rec = await self.bucket_record(bucket)
         if (await self.list(bucket, max_keys=1)).objects:
             raise Conflict(f"bucket {bucket} is not empty")
-        await self._write_bucket(bucket, {"deleted": True})
+        await self._write_bucket(bucket, {"deleted": True}, rec["ts"] + 1)
         self._buckets_seen.pop(bucket, None)
 
     async def list_buckets(self) -> builtins.list[str]:
@@ -196,9 +207,9 @@ class Client:
     async def _bucket_rows(self) -> dict[str, dict[str, Any]]:
         cmap = await self.cluster_map()
         nodes = cmap.control.nodes
-        replies = await asyncio.gather(
-            *(self.t.request("GET", n.address, "/v1/buckets", timeout_s=5.0) for n in nodes),
-            return_exceptions=True)
+        replies = await first_answers(
+            [self.t.request("GET", n.address, "/v1/buckets", timeout_s=5.0) for n in nodes],
+            len(nodes) // 2 + 1)
         good = [unpack(r.body)["buckets"] for r in replies if not isinstance(r, BaseException)]
         if len(good) < len(nodes) // 2 + 1:
             raise Unavailable("too few control nodes answered the bucket listing",
@@ -211,10 +222,10 @@ class Client:
                     best[r["name"]] = r
         return best
 
-    async def _write_bucket(self, bucket: str, fields: dict[str, Any]) -> None:
+    async def _write_bucket(self, bucket: str, fields: dict[str, Any], after: int = 0) -> None:
         cmap = await self.cluster_map()
         nodes = cmap.control.nodes
-        record = {"ts": time.time_ns(), "version_id": new_version_id(), **fields}
+        record = {"ts": max(time.time_ns(), after), "version_id": new_version_id(), **fields}
         await self.meta.write(nodes, f"/v1/buckets/{bucket}", record, len(nodes) // 2 + 1)
 
     async def _bucket_record(self, bucket: str) -> dict[str, Any] | None:
@@ -336,34 +347,78 @@ class Client:
     async def _put_segment(self, cmap: ClusterMap, pol: Policy, bucket: str, key: str,
                            vid: str, seg: int, data: bytes, handoffs: dict[str, str],
                            written: list[tuple[str, Node]]) -> None:
+        """Place the k+m fragments of one segment on k+m distinct nodes.
+
+        A fragment whose node fails, or lags far behind the others (a stalled node), goes
+        to the next node of the row (a handoff, recorded in the record). If no node is
+        left for a fragment the segment fails: a put is acknowledged only when every
+        fragment is durable on its own node, so it survives the loss of any m nodes.
+        """
         frags = codec.encode(pol.k, pol.m, pol.ec_type, data)
         ring = cmap.storage_ring(pol.tier)
         row = ring.locate(f"{vid}/{seg}", len(ring.nodes))
         primaries, spares = list(row[:pol.n]), list(row[pol.n:])
+        attempts: dict[asyncio.Future[None], tuple[int, Node]] = {}
+        errors: list[str] = []
+        lost: list[int] = []
+        placed = 0
+        start = time.monotonic()
+        deadline: float | None = None   # set once k fragments are placed: for stragglers
 
-        async def place(i: int) -> None:
-            fid = fragment_id(vid, seg, i)
+        def attempt(i: int, node: Node) -> None:
             meta = {"bucket": bucket, "key": key, "version_id": vid, "segment": seg, "index": i}
-            node: Node | None = primaries[i]
-            errors = []
-            while node is not None:
-                try:
-                    await self.put_fragment(node, fid, frags[i], meta)
-                    written.append((fid, node))
-                    if node is not primaries[i]:
-                        handoffs[f"{seg}.{i}"] = node.id
-                    return
-                except EcstoreError as exc:
-                    errors.append(f"{node.id}: {exc}")
-                    node = spares.pop(0) if spares else None
-            raise Unavailable(f"fragment {fid} could not be written to any node",
-                              tried=len(errors), failed=len(errors), errors=errors[:4])
+            task = asyncio.ensure_future(
+                self.put_fragment(node, fragment_id(vid, seg, i), frags[i], meta))
+            attempts[task] = (i, node)
 
-        results = await asyncio.gather(*(place(i) for i in range(pol.n)),
-                                       return_exceptions=True)
-        failed = [r for r in results if isinstance(r, BaseException)]
-        if failed:
-            raise failed[0]
+        def next_node(i: int, why: str, node: Node) -> None:
+            errors.append(f"{node.id}: {why}")
+            if spares:
+                attempt(i, spares.pop(0))
+            else:
+                lost.append(i)
+
+        for i, node in enumerate(primaries):
+            attempt(i, node)
+        try:
+            while attempts and not lost:
+                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+                done, _ = await asyncio.wait(attempts, timeout=timeout,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if not done:  # stragglers: give their fragments to handoff nodes
+                    late = list(attempts.items())
+                    attempts.clear()
+                    for task, (i, node) in late:
+                        task.cancel()
+                        next_node(i, "too slow", node)
+                    deadline = time.monotonic() + self._straggler_grace(start)
+                    continue
+                for task in done:
+                    i, node = attempts.pop(task)
+                    exc = task.exception()
+                    if exc is None:
+                        written.append((fragment_id(vid, seg, i), node))
+                        if node is not primaries[i]:
+                            handoffs[f"{seg}.{i}"] = node.id
+                        placed += 1
+                    elif isinstance(exc, EcstoreError):
+                        next_node(i, str(exc), node)
+                    else:
+                        raise exc
+                if deadline is None and placed >= pol.k:
+                    deadline = time.monotonic() + self._straggler_grace(start)
+        finally:
+            for task in attempts:
+                task.cancel()
+        if lost:
+            raise Unavailable(f"segment {seg} of {vid}: fragment {lost[0]} could not be "
+                              f"written to any node", tried=len(errors), failed=len(errors),
+                              errors=errors[:4])
+
+    @staticmethod
+    def _straggler_grace(start: float) -> float:
+        """How long a fragment put may lag once k of its segment are placed."""
+        return max(STRAGGLER_MIN_S, STRAGGLER_FACTOR * (time.monotonic() - start))
 
     async def put_fragment(self, node: Node, fid: str, body: bytes,
                             meta: dict[str, Any]) -> None:
@@ -478,7 +533,11 @@ class Client:
     async def read_segment(self, cmap: ClusterMap, record: dict[str, Any], seg: int,
                            extent: Extent | None = None) -> bytes:
         """Decode one segment (of `extent`, default the record's first) from the first k
-        good fragments (data ones first)."""
+        good fragments (data ones first).
+
+        A fragment that fails brings in the next one at once; one that is slower than the
+        hedge delay (a stalled or overloaded node) brings in the next one too, and the
+        first k to arrive win: a slow node never stalls a read."""
         k, m = record["k"], record["m"]
         ext = extent or record_extents(record)[0]
         nodes = expected_fragment_nodes(cmap, record, seg, ext)
@@ -501,23 +560,48 @@ class Client:
                     errors.append(f"{prev.id}/{i}: {exc.code}")
 
         failed: set[int] = set()
+        slow: set[int] = set()
         inflight: dict[asyncio.Future[None], int] = {}
-        while True:
-            for i in plan_fetches(k, k + m, set(good), failed, set(inflight.values())):
-                inflight[asyncio.ensure_future(fetch(i))] = i
-            if not inflight:
-                break
-            done, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                i = inflight.pop(task)
-                if i not in good:  # a failure: the plan brings in the next fragment
-                    failed.add(i)
+        started: dict[int, float] = {}
+        try:
+            while len(good) < k:
+                for i in plan_fetches(k, k + m, set(good), failed | slow,
+                                      set(inflight.values()) - slow):
+                    inflight[asyncio.ensure_future(fetch(i))] = i
+                    started[i] = time.monotonic()
+                if not inflight:
+                    break
+                hedge = self._hedge_delay()
+                now = time.monotonic()
+                waiting = [started[i] + hedge - now for i in inflight.values() if i not in slow]
+                timeout = max(0.0, min(waiting)) if waiting else None
+                done, _ = await asyncio.wait(inflight, timeout=timeout,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    i = inflight.pop(task)
+                    slow.discard(i)
+                    if i in good:
+                        self._fetch_times.append(time.monotonic() - started[i])
+                    else:  # a failure: the plan brings in the next fragment
+                        failed.add(i)
+                now = time.monotonic()
+                slow |= {i for i in inflight.values() if now - started[i] >= hedge}
+        finally:
+            for task in inflight:  # hedged losers and stalled requests
+                task.cancel()
         if len(good) < k:
             raise Unavailable(f"segment {seg} of {vid}: only {len(good)} of {k} needed "
                               "fragments readable", tried=k + m, failed=len(errors),
                               errors=errors[:6])
         chosen = [good[i] for i in sorted(good)[:k]]
         return codec.decode(k, m, record["ec_type"], chosen)
+
+    def _hedge_delay(self) -> float:
+        """Twice the 90th percentile of recent fragment gets, within bounds."""
+        times = sorted(self._fetch_times)
+        if len(times) < 20:
+            return HEDGE_DEFAULT_S
+        return min(HEDGE_MAX_S, max(HEDGE_MIN_S, 2 * times[int(len(times) * 0.9)]))
 
     def _previous_node(self, cmap: ClusterMap, record: dict[str, Any], ext: Extent, seg: int,
                        i: int) -> Node | None:
@@ -544,9 +628,12 @@ class Client:
     # ---- delete and list -------------------------------------------------------------
     async def delete(self, bucket: str, key: str) -> None:
         """Write a tombstone; NotFound if there is no live object."""
-        await self.live_record(bucket, key)
+        live = await self.live_record(bucket, key)
         cmap = await self.cluster_map()
-        record = {"ts": time.time_ns(), "version_id": new_version_id(), "deleted": True}
+        # after the version it deletes even when this client's clock is behind its writer's:
+        # newest-by-ts would otherwise keep that version and drop an acknowledged tombstone
+        ts = max(time.time_ns(), live["ts"] + 1)
+        record = {"ts": ts, "version_id": new_version_id(), "deleted": True}
         await self._commit(cmap, bucket, key, record)
 
     async def list(self, bucket: str, prefix: str = "", delimiter: str = "",
@@ -566,7 +653,9 @@ class Client:
             nodes.update({n.id: n for n in cmap.previous_control.nodes if n.id not in nodes})
         return await merge_listing(self.t, tuple(nodes.values()), bucket, prefix, delimiter,
                                    start_after, max_keys,
-                                   allowed_failures=max(0, cmap.effective_replicas - 1))
+                                   allowed_failures=max(0, cmap.effective_replicas - 1),
+                                   enough=len(nodes) - max(0, cmap.effective_replicas
+                                                           - cmap.write_quorum))
 
     async def list_all(self, bucket: str, prefix: str = "",
                        delimiter: str = "") -> AsyncIterator[ListResult]:
@@ -606,6 +695,12 @@ class Client:
         except EcstoreError as exc:
             return {**row, "up": False, "error": exc.message}
         return {**row, "up": True, **json.loads(reply.body)}
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark a background task's exception as seen (it is raised to any awaiter anyway)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def expected_fragment_nodes(cmap: ClusterMap, record: dict[str, Any], seg: int,

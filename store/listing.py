@@ -14,6 +14,7 @@ from typing import Any
 
 from placement.nodes import Node
 from store.errors import EcstoreError, Unavailable
+from store.metadata import first_answers
 from store.transport import Transport
 from store.wire import unpack
 
@@ -102,14 +103,17 @@ class _NodeCursor:
 
 async def merge_listing(t: Transport, nodes: tuple[Node, ...], bucket: str, prefix: str,
                         delimiter: str, start_after: str, max_keys: int,
-                        allowed_failures: int) -> ListResult:
+                        allowed_failures: int, enough: int | None = None) -> ListResult:
     """Fetch and merge until one page of max_keys entries is complete.
 
     Each round merges what every node returned; the round's result is final up to the
     smallest last key of the nodes that have more, so the next round starts there.
+    Once `enough` nodes (default all) have answered, a node that lags further is left out
+    like a failed one (a stalled control node does not stall listings).
     """
     cursors = [_NodeCursor(t, n, bucket, prefix, start_after) for n in nodes]
-    results = await asyncio.gather(*(c.fetch() for c in cursors), return_exceptions=True)
+    results = await first_answers([c.fetch() for c in cursors],
+                                  len(nodes) if enough is None else enough)
     failed = [r for r in results if isinstance(r, BaseException)]
     for r in failed:
         if not isinstance(r, EcstoreError):

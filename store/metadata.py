@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from placement.cluster_map import ClusterMap
 from placement.nodes import Node
@@ -12,6 +12,34 @@ from store.transport import Transport
 from store.wire import pack, unpack
 
 META_TIMEOUT_S = 5.0
+SLOW_GRACE_S = 0.2   # how long to wait for the rest once enough nodes have answered
+T = TypeVar("T")
+
+
+async def first_answers(aws: Sequence[Awaitable[T]], enough: int,
+                        grace_s: float = SLOW_GRACE_S) -> list[T | BaseException]:
+    """Run every awaitable; return once all are done, or once `enough` succeeded and
+    `grace_s` more has passed. Each result is the value, the exception, or Unavailable
+    for one still running then (cancelled): a stalled node never stalls the caller."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    pending = set(tasks)
+    ok = 0
+    while pending and ok < enough:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        ok += sum(1 for t in done if not t.cancelled() and t.exception() is None)
+    if pending:
+        await asyncio.wait(pending, timeout=grace_s)
+    out: list[T | BaseException] = []
+    for t in tasks:
+        if not t.done():
+            t.cancel()
+            out.append(Unavailable(f"no answer within {grace_s} s of a quorum"))
+        elif t.cancelled():
+            out.append(Unavailable("cancelled"))
+        else:
+            exc = t.exception()
+            out.append(exc if exc is not None else t.result())
+    return out
 
 
 def newest(records: list[dict[str, Any] | None]) -> dict[str, Any] | None:

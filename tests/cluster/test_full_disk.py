@@ -1,0 +1,160 @@
+"""A storage node whose disk fills up: it refuses fragments with 507, puts go on through
+handoff nodes, nothing is left half-written, it keeps serving reads, and it takes
+fragments again once space is freed. The full disk is a real small filesystem (tmpfs with
+a size limit) mounted on the node's data directory."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cli.localcluster import LocalCluster
+from node.fragments import FragmentStore
+from store.client import SyncClient, expected_fragment_nodes
+from store.errors import InsufficientStorage
+from store.striping import fragment_id
+
+MiB = 1024 * 1024
+DISK_MIB = 20
+
+
+def _mount_tmpfs(path: Path, size_mib: int) -> str | None:
+    """Mount a tmpfs of size_mib at path; the reason it could not, or None."""
+    if os.geteuid() != 0:
+        return "mounting a small filesystem needs root (CI runs as root)"
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs", str(path)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"mount -t tmpfs failed here: {r.stderr.strip()}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def small_disk() -> Iterator[LocalCluster]:
+    tmp = Path(tempfile.mkdtemp(prefix="ecstore-full-"))
+    c = LocalCluster.create(tmp, storage=7, control=3, k=4, m=2, gateway=False)
+    disk = Path(c.nodes["s1"].data)
+    why = _mount_tmpfs(disk, DISK_MIB)
+    if why is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+        pytest.skip(why)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+        subprocess.run(["umount", str(disk)], check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _holders(c: SyncClient, bucket: str, key: str) -> list[list[str]]:
+    """Per segment, the node id of each fragment index (handoffs applied)."""
+    async def go() -> list[list[str]]:
+        rec = await c.client.live_record(bucket, key)
+        cmap = await c.client.cluster_map()
+        return [[n.id for n in expected_fragment_nodes(cmap, rec, s)]
+                for s in range(rec["segments"])]
+    return c._run(go())
+
+
+def _free(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def test_a_full_node_refuses_cleanly_and_recovers(small_disk: LocalCluster) -> None:
+    disk = Path(small_disk.nodes["s1"].data)
+    with SyncClient(small_disk.path) as c:
+        c.create_bucket("full")
+        # fill the node with a plain file, leaving less than its reserve (1% = 200 KiB)
+        filler = disk / "filler"
+        with open(filler, "wb") as f:
+            f.write(b"\0" * max(0, _free(disk) - 100 * 1024))
+        assert _free(disk) < DISK_MIB * MiB // 100
+
+        # a fragment PUT straight to the node: 507 with a reason, nothing half-written
+        async def direct() -> None:
+            cmap = await c.client.cluster_map()
+            await c.client.put_fragment(cmap.storage_node("s1"), "direct.0.0", os.urandom(MiB),
+                                        {"bucket": "full", "key": "direct"})
+        with pytest.raises(InsufficientStorage):
+            c._run(direct())
+
+        objs = {f"o{i}": os.urandom(4 * MiB + i) for i in range(12)}
+        for k, v in objs.items():  # go on through handoff nodes
+            c.put("full", k, v)
+        placed = [n for k in objs for seg in _holders(c, "full", k) for n in seg]
+        assert "s1" not in placed, "a full node took fragments"
+        for k, v in objs.items():
+            assert c.get("full", k) == v
+        assert list((disk / "tmp").iterdir()) == []  # no half-written file left behind
+
+        # the full node still serves what it holds
+        early = os.urandom(MiB)
+        filler.unlink()
+        c.put("full", "early", early)
+        segs = _holders(c, "full", "early")
+        with open(filler, "wb") as f:
+            f.write(b"\0" * max(0, _free(disk) - 100 * 1024))
+        i = segs[0].index("s1") if "s1" in segs[0] else None
+        if i is not None:
+            async def read_back() -> bytes:
+                rec = await c.client.live_record("full", "early")
+                cmap = await c.client.cluster_map()
+                return await c.client.get_fragment(cmap.storage_node("s1"),
+                                                   fragment_id(rec["version_id"], 0, i))
+            assert len(c._run(read_back())) > 0
+        assert c.get("full", "early") == early
+
+        # space freed: the node takes fragments again
+        filler.unlink()
+        later = {f"n{i}": os.urandom(4 * MiB + i) for i in range(6)}
+        for k, v in later.items():
+            c.put("full", k, v)
+        placed = [n for k in later for seg in _holders(c, "full", k) for n in seg]
+        assert "s1" in placed, "the node took no fragment after space was freed"
+        for k, v in {**objs, **later}.items():
+            assert c.get("full", k) == v
+
+    # every fragment file on the node is whole and verifies
+    store = FragmentStore(disk, fsync=False, reserve_bytes=0)
+    ids = store.list("", 100_000)
+    assert ids
+    for fid in ids:
+        store.read(fid)  # raises Corrupt on a half-written or damaged file
+
+
+def test_enospc_mid_write_leaves_no_half_fragment(tmp_path: Path) -> None:
+    """With no reserve, the disk really fills in the middle of a fragment write: the put
+    fails with InsufficientStorage, the half-written temporary file is gone, every stored
+    fragment still verifies, and a put fits again once one is deleted."""
+    disk = tmp_path / "disk"
+    why = _mount_tmpfs(disk, 4)
+    if why is not None:
+        pytest.skip(why)
+    try:
+        store = FragmentStore(disk, fsync=True, reserve_bytes=0)
+        body = os.urandom(700 * 1024)
+        checksum = hashlib.sha256(body).hexdigest()
+        stored = []
+        with pytest.raises(InsufficientStorage):
+            for i in range(20):  # 4 MiB holds 5 of them, not 20
+                store.put(f"f{i}.0.0", body, checksum, {"i": i})
+                stored.append(f"f{i}.0.0")
+        assert 3 <= len(stored) < 20
+        assert list((disk / "tmp").iterdir()) == []
+        assert store.list("", 100) == sorted(stored)
+        for fid in stored:
+            assert bytes(store.read(fid).body) == body
+        store.delete(stored[0])
+        store.put("again.0.0", body, checksum, {})
+        assert bytes(store.read("again.0.0").body) == body
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
