@@ -41,6 +41,7 @@ STRAGGLER_FACTOR = 3.0         # ... or this many times what the k-th took, if l
 HEDGE_MIN_S = 0.05             # a fragment get slower than the hedge delay brings in one more
 HEDGE_MAX_S = 1.0
 HEDGE_DEFAULT_S = 0.25         # until latencies have been seen
+SUSPECT_S = 10.0               # a node found stalled is passed over this long, then tried again
 MAX_INFLIGHT_SEGMENTS = 4      # put pipeline depth: memory ~ this x segment x (k+m)/k
 READAHEAD_SEGMENTS = 2         # get stream read-ahead
 MAX_USER_META_BYTES = 2048
@@ -91,6 +92,7 @@ class Client:
         # gateway sets one); None: each put or get is bounded on its own only.
         self.segment_slots: asyncio.Semaphore | None = None
         self._fetch_times: deque[float] = deque(maxlen=200)  # recent fragment gets, seconds
+        self._suspect: dict[str, float] = {}  # node id -> until when it is passed over
 
     @classmethod
     def connect(cls, cluster: str | os.PathLike[str] | ClusterInfo | None = None) -> "Client":
@@ -379,7 +381,10 @@ class Client:
                 lost.append(i)
 
         for i, node in enumerate(primaries):
-            attempt(i, node)
+            if self._is_suspect(node) and spares:  # stalled a moment ago: a handoff at once
+                next_node(i, "stalled recently", node)
+            else:
+                attempt(i, node)
         try:
             while attempts and not lost:
                 timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -390,6 +395,7 @@ class Client:
                     attempts.clear()
                     for task, (i, node) in late:
                         task.cancel()
+                        self._mark_suspect(node)
                         next_node(i, "too slow", node)
                     deadline = time.monotonic() + self._straggler_grace(start)
                     continue
@@ -414,6 +420,18 @@ class Client:
             raise Unavailable(f"segment {seg} of {vid}: fragment {lost[0]} could not be "
                               f"written to any node", tried=len(errors), failed=len(errors),
                               errors=errors[:4])
+
+    def _is_suspect(self, node: Node) -> bool:
+        until = self._suspect.get(node.id)
+        if until is None:
+            return False
+        if time.monotonic() < until:
+            return True
+        del self._suspect[node.id]
+        return False
+
+    def _mark_suspect(self, node: Node) -> None:
+        self._suspect[node.id] = time.monotonic() + SUSPECT_S
 
     @staticmethod
     def _straggler_grace(start: float) -> float:
@@ -561,15 +579,20 @@ class Client:
 
         failed: set[int] = set()
         slow: set[int] = set()
+        # fragments on nodes that stalled a moment ago: asked only if the others fall short
+        deferred = {i for i, node in enumerate(nodes) if self._is_suspect(node)}
         inflight: dict[asyncio.Future[None], int] = {}
         started: dict[int, float] = {}
         try:
             while len(good) < k:
-                for i in plan_fetches(k, k + m, set(good), failed | slow,
+                for i in plan_fetches(k, k + m, set(good), failed | slow | deferred,
                                       set(inflight.values()) - slow):
                     inflight[asyncio.ensure_future(fetch(i))] = i
                     started[i] = time.monotonic()
                 if not inflight:
+                    if deferred:
+                        deferred.clear()
+                        continue
                     break
                 hedge = self._hedge_delay()
                 now = time.monotonic()
@@ -587,8 +610,11 @@ class Client:
                 now = time.monotonic()
                 slow |= {i for i in inflight.values() if now - started[i] >= hedge}
         finally:
-            for task in inflight:  # hedged losers and stalled requests
+            now = time.monotonic()
+            for task, i in inflight.items():  # hedged losers and stalled requests
                 task.cancel()
+                if now - started[i] > HEDGE_MAX_S:
+                    self._mark_suspect(nodes[i])
         if len(good) < k:
             raise Unavailable(f"segment {seg} of {vid}: only {len(good)} of {k} needed "
                               "fragments readable", tried=k + m, failed=len(errors),
