@@ -16,7 +16,7 @@ import os
 import secrets
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable, TypeVar
@@ -26,6 +26,7 @@ from placement.nodes import Node
 from placement.policy import Policy
 from store import codec
 from store.auth import CHECKSUM_HEADER
+from store.cache import SegmentCache
 from store.cluster import ClusterInfo
 from store.errors import BadRequest, Conflict, Corrupt, EcstoreError, NotFound, Unavailable
 from store.listing import ListResult, merge_listing
@@ -41,6 +42,10 @@ STRAGGLER_FACTOR = 3.0         # ... or this many times what the k-th took, if l
 HEDGE_MIN_S = 0.05             # a fragment get slower than the hedge delay brings in one more
 HEDGE_MAX_S = 1.0
 HEDGE_DEFAULT_S = 0.25         # until latencies have been seen
+CACHE_LOCK_WAIT_S = 60.0       # longest wait for another process's fetch of a segment
+DEFAULT_CACHE_MAX_MB = 10 * 1024
+PREFETCH_SEGMENTS = 2          # a sequential reader with a cache gets this many more fetched
+MAX_PREFETCHES = 8             # in flight per client
 SUSPECT_S = 10.0               # a node found stalled is passed over this long, then tried again
 MAX_INFLIGHT_SEGMENTS = 4      # put pipeline depth: memory ~ this x segment x (k+m)/k
 READAHEAD_SEGMENTS = 2         # get stream read-ahead
@@ -79,7 +84,12 @@ class ObjectInfo:
 class Client:
     """Async client. Use `async with Client.connect(path) as c:` or call `close()`."""
 
-    def __init__(self, info: ClusterInfo) -> None:
+    def __init__(self, info: ClusterInfo, cache_dir: str | os.PathLike[str] | None = None,
+                 cache_max_bytes: int | None = None) -> None:
+        """`cache_dir`: keep decoded segments on local disk (see store/cache.py), shared
+        with every process using the same directory, at most `cache_max_bytes`
+        (default $ECSTORE_CACHE_MAX_MB MiB, else 10 GiB). Default: $ECSTORE_CACHE_DIR,
+        else no disk cache."""
         self.info = info
         self.t = Transport(info.secret)
         self.background: set[asyncio.Future[Any]] = set()
@@ -93,10 +103,24 @@ class Client:
         self.segment_slots: asyncio.Semaphore | None = None
         self._fetch_times: deque[float] = deque(maxlen=200)  # recent fragment gets, seconds
         self._suspect: dict[str, float] = {}  # node id -> until when it is passed over
+        cache_dir = cache_dir or os.environ.get("ECSTORE_CACHE_DIR") or None
+        if cache_max_bytes is None:
+            cache_max_bytes = int(float(os.environ.get("ECSTORE_CACHE_MAX_MB") or
+                                        DEFAULT_CACHE_MAX_MB) * 2**20)
+        self.cache = SegmentCache(cache_dir, cache_max_bytes) if cache_dir else None
+        self._segment_fetches: dict[str, asyncio.Future[bytes]] = {}  # coalescing
+        self._last_segment: OrderedDict[str, int] = OrderedDict()  # version -> last read
+        self._prefetches = 0
+        # what reached the cluster and what did not, for tests and benchmarks
+        self.read_stats = {"segments_fetched": 0, "fragment_gets": 0, "coalesced": 0,
+                           "cache_hits": 0, "prefetched": 0}
 
     @classmethod
-    def connect(cls, cluster: str | os.PathLike[str] | ClusterInfo | None = None) -> "Client":
-        return cls(cluster if isinstance(cluster, ClusterInfo) else ClusterInfo.load(cluster))
+    def connect(cls, cluster: str | os.PathLike[str] | ClusterInfo | None = None,
+                **cache: Any) -> "Client":
+        """`cache`: cache_dir and cache_max_bytes, as for Client()."""
+        return cls(cluster if isinstance(cluster, ClusterInfo) else ClusterInfo.load(cluster),
+                   **cache)
 
     async def __aenter__(self) -> "Client":
         await self.cluster_map()
@@ -517,7 +541,10 @@ class Client:
             return
         cmap = await self.cluster_map()
         pending: list[asyncio.Task[bytes]] = []
-        slices = iter(extent_slices(record_extents(record), record["segment_size"], lo, hi))
+        wanted = extent_slices(record_extents(record), record["segment_size"], lo, hi)
+        if self.cache is not None and wanted:
+            self._prefetch_if_sequential(cmap, record, wanted, hi)
+        slices = iter(wanted)
         nxt = next(slices, None)
         try:
             while True:
@@ -545,8 +572,92 @@ class Client:
 
     async def _read_slice(self, cmap: ClusterMap, record: dict[str, Any], ext: Extent,
                           seg: int, lo: int, hi: int) -> bytes:
-        data = await self.read_segment(cmap, record, seg, ext)
+        data = await self._segment(cmap, record, ext, seg)
         return data if lo == 0 and hi == len(data) else data[lo:hi]
+
+    async def _segment(self, cmap: ClusterMap, record: dict[str, Any], ext: Extent,
+                       seg: int) -> bytes:
+        """One decoded segment: from the disk cache, else joining a fetch of it already
+        running in this process, else fetched (once across processes sharing the cache)."""
+        key = SegmentCache.key(ext.version_id, seg)
+        if self.cache is not None:
+            data = await _in_thread(self.cache.get, key)
+            if data is not None:
+                self.read_stats["cache_hits"] += 1
+                return data
+        fut = self._segment_fetches.get(key)
+        if fut is not None:
+            self.read_stats["coalesced"] += 1
+            return await asyncio.shield(fut)
+        fut = asyncio.ensure_future(self._fetch_segment(cmap, record, ext, seg, key))
+        self._segment_fetches[key] = fut
+
+        def done(f: asyncio.Future[bytes]) -> None:
+            if self._segment_fetches.get(key) is f:
+                del self._segment_fetches[key]
+            _retrieve(f)
+        fut.add_done_callback(done)
+        return await asyncio.shield(fut)  # a cancelled reader leaves it to the others
+
+    async def _fetch_segment(self, cmap: ClusterMap, record: dict[str, Any], ext: Extent,
+                             seg: int, key: str) -> bytes:
+        if self.cache is None:
+            self.read_stats["segments_fetched"] += 1
+            return await self.read_segment(cmap, record, seg, ext)
+        cache = self.cache
+        fd = await self._cache_lock(key)
+        try:
+            data = await _in_thread(cache.get, key)  # another process may have fetched it
+            if data is not None:
+                self.read_stats["cache_hits"] += 1
+                return data
+            self.read_stats["segments_fetched"] += 1
+            data = await self.read_segment(cmap, record, seg, ext)
+            await _in_thread(cache.put, key, data)
+            return data
+        finally:
+            if fd is not None:
+                cache.unlock(fd)
+
+    async def _cache_lock(self, key: str) -> int | None:
+        """The cross-process fetch lock of `key`, waited for (polling: no thread blocks on
+        it); None after CACHE_LOCK_WAIT_S, and the caller fetches anyway."""
+        assert self.cache is not None
+        deadline = time.monotonic() + CACHE_LOCK_WAIT_S
+        pause = 0.002
+        while True:
+            fd = self.cache.try_lock(key)
+            if fd is not None or time.monotonic() > deadline:
+                return fd
+            await asyncio.sleep(pause)
+            pause = min(0.05, pause * 2)
+
+    def _prefetch_if_sequential(self, cmap: ClusterMap, record: dict[str, Any],
+                                wanted: builtins.list[tuple[Extent, Any]], hi: int) -> None:
+        """A read that starts where the last read of this version ended is sequential:
+        fetch the next PREFETCH_SEGMENTS segments into the cache in the background."""
+        first_ext, first = wanted[0]
+        last_ext, last = wanted[-1]
+        sequential = self._last_segment.get(first_ext.version_id) == first.index - 1
+        self._last_segment[last_ext.version_id] = last.index
+        self._last_segment.move_to_end(last_ext.version_id)
+        while len(self._last_segment) > 4096:
+            self._last_segment.popitem(last=False)
+        if not sequential:
+            return
+        ahead = extent_slices(record_extents(record), record["segment_size"], hi,
+                              min(record["size"], hi + PREFETCH_SEGMENTS * record["segment_size"]))
+        for ext, s in ahead:
+            if s.start != 0 or self._prefetches >= MAX_PREFETCHES:
+                continue
+            self._prefetches += 1
+            self.read_stats["prefetched"] += 1
+            task = asyncio.ensure_future(self._segment(cmap, record, ext, s.index))
+            task.add_done_callback(self._prefetch_done)
+
+    def _prefetch_done(self, task: asyncio.Future[bytes]) -> None:
+        self._prefetches -= 1
+        _retrieve(task)
 
     async def read_segment(self, cmap: ClusterMap, record: dict[str, Any], seg: int,
                            extent: Extent | None = None) -> bytes:
@@ -636,6 +747,7 @@ class Client:
         return cmap.previous_fragment_node(record_policy(cmap, record), ext.version_id, seg, i)
 
     async def get_fragment(self, node: Node, fid: str) -> bytes:
+        self.read_stats["fragment_gets"] += 1
         reply = await self.t.request("GET", node.address, f"/v1/fragments/{fid}",
                                      timeout_s=FRAGMENT_TIMEOUT_S)
         if hashlib.sha256(reply.body).hexdigest() != reply.headers.get(CHECKSUM_HEADER):
@@ -723,6 +835,10 @@ class Client:
         return {**row, "up": True, **json.loads(reply.body)}
 
 
+async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
 def _retrieve(task: asyncio.Future[Any]) -> None:
     """Mark a background task's exception as seen (it is raised to any awaiter anyway)."""
     if not task.cancelled():
@@ -808,11 +924,13 @@ def _read_exact(f: BinaryIO, size: int) -> bytes:
 class SyncClient:
     """Blocking wrapper for scripts and notebooks: runs a Client on a private loop thread."""
 
-    def __init__(self, cluster: str | os.PathLike[str] | ClusterInfo | None = None) -> None:
+    def __init__(self, cluster: str | os.PathLike[str] | ClusterInfo | None = None,
+                 **cache: Any) -> None:
+        """`cache`: cache_dir and cache_max_bytes, as for Client()."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        self.client = Client.connect(cluster)
+        self.client = Client.connect(cluster, **cache)
 
     def _run(self, coro: Awaitable[T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()  # type: ignore[arg-type]

@@ -1,0 +1,154 @@
+"""The client's local segment cache: decoded segments on local disk, shared by processes.
+
+A segment is keyed by its extent's version id and its index: a version id names one
+write forever, so an overwritten or deleted object can never be served from the cache
+stale (its new version has another id). Each file is `b"ECC1"`, the CRC-32 of the bytes,
+their length, then the bytes; a file that fails its check is deleted and fetched again.
+Files are written to a temporary name and renamed, so a reader never sees half a file,
+whichever process wrote it.
+
+Eviction is least recently used by file mtime (a hit touches the file), down to 90% of
+the limit once the limit is passed. The cache survives restarts: it is just files.
+
+Many processes sharing the directory fetch a segment once: a process that misses takes an
+exclusive lock (flock on one of 256 lock files, chosen by the key's hash) before fetching,
+and one that finds the lock taken waits for it and then reads the file the first wrote.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import struct
+import threading
+import zlib
+from pathlib import Path
+
+MAGIC = b"ECC1"
+HEADER = struct.Struct(">4sIQ")    # magic, crc32, length
+LOCK_FILES = 256
+EVICT_TO = 0.9                     # of the limit, once it is passed
+
+
+class SegmentCache:
+    """Blocking file operations; the client calls them from a thread."""
+
+    def __init__(self, root: str | os.PathLike[str], max_bytes: int) -> None:
+        if max_bytes <= 0:
+            raise ValueError("cache size must be positive")
+        self.root = Path(root)
+        self.max_bytes = max_bytes
+        self.data = self.root / "segments"
+        self.locks = self.root / "locks"
+        self.tmp = self.root / "tmp"
+        for d in (self.data, self.locks, self.tmp):
+            d.mkdir(parents=True, exist_ok=True)
+        self._mutex = threading.Lock()
+        self.bytes = sum(e.stat().st_size for e in os.scandir(self.data) if e.is_file())
+        self.hits = self.misses = self.corrupt = self.evicted = 0
+
+    @staticmethod
+    def key(version_id: str, segment: int) -> str:
+        return f"{version_id}.{segment}"
+
+    def _path(self, key: str) -> Path:
+        if "/" in key or key.startswith("."):
+            raise ValueError(f"bad cache key {key!r}")
+        return self.data / key
+
+    def get(self, key: str) -> bytes | None:
+        """The cached bytes, checked, or None (a damaged file is deleted)."""
+        path = self._path(key)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            with self._mutex:
+                self.misses += 1
+            return None
+        if len(raw) >= HEADER.size:
+            magic, crc, length = HEADER.unpack_from(raw)
+            body = memoryview(raw)[HEADER.size:]
+            if magic == MAGIC and length == len(body) and zlib.crc32(body) == crc:
+                try:
+                    os.utime(path)  # recently used
+                except FileNotFoundError:
+                    pass
+                with self._mutex:
+                    self.hits += 1
+                return bytes(body)
+        self._drop(path)
+        with self._mutex:
+            self.corrupt += 1
+            self.misses += 1
+        return None
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        tmp = self.tmp / f"{key}.{os.getpid()}.{threading.get_ident()}"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(HEADER.pack(MAGIC, zlib.crc32(data), len(data)))
+                f.write(data)
+            os.replace(tmp, path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                self.evict(self.max_bytes // 2)  # the local disk is full: make room, go on
+                return
+            raise
+        with self._mutex:
+            self.bytes += HEADER.size + len(data)
+            over = self.bytes > self.max_bytes
+        if over:
+            self.evict(int(self.max_bytes * EVICT_TO))
+
+    def evict(self, target: int) -> None:
+        """Delete least recently used files until at most `target` bytes stay (every
+        process's files count: the directory is scanned)."""
+        entries = []
+        for e in os.scandir(self.data):
+            try:
+                st = e.stat()
+            except FileNotFoundError:
+                continue
+            entries.append((st.st_mtime_ns, st.st_size, e.path))
+        total = sum(size for _, size, _ in entries)
+        entries.sort()
+        for _, size, path in entries:
+            if total <= target:
+                break
+            if self._drop(Path(path)):
+                total -= size
+                with self._mutex:
+                    self.evicted += 1
+        with self._mutex:
+            self.bytes = total
+
+    @staticmethod
+    def _drop(path: Path) -> bool:
+        try:
+            path.unlink()
+            return True
+        except FileNotFoundError:
+            return False
+
+    def try_lock(self, key: str) -> int | None:
+        """An fd holding the key's fetch lock, or None if another process holds it."""
+        n = zlib.crc32(key.encode()) % LOCK_FILES
+        fd = os.open(self.locks / f"{n:02x}", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        return fd
+
+    @staticmethod
+    def unlock(fd: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+    def stats(self) -> dict[str, int]:
+        return {"hits": self.hits, "misses": self.misses, "corrupt": self.corrupt,
+                "evicted": self.evicted, "bytes": self.bytes, "max_bytes": self.max_bytes}

@@ -1,0 +1,181 @@
+"""The client's segment cache, read-ahead and request coalescing, against real nodes.
+
+The counts asserted are of what reached the cluster (the client counts every segment it
+fetched and every fragment GET it sent), not timings.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from cli.localcluster import LocalCluster
+from store.cache import SegmentCache
+from store.client import Client, SyncClient
+
+ROOT = Path(__file__).resolve().parents[2]
+MiB = 1024 * 1024
+SEG = 4 * MiB
+
+
+@pytest.fixture(scope="module")
+def data(client: SyncClient) -> dict[str, bytes]:
+    client.create_bucket("cache")
+    objs = {"three": os.urandom(3 * SEG - 1000), "five": os.urandom(5 * SEG)}
+    for k, v in objs.items():
+        client.put("cache", k, v)
+    return objs
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(coro)
+
+
+def test_second_read_comes_from_the_cache_and_survives_a_restart(
+        cluster: LocalCluster, data: dict[str, bytes], tmp_path: Path) -> None:
+    async def go() -> None:
+        async with Client.connect(cluster.path, cache_dir=tmp_path) as c:
+            assert await c.get("cache", "three") == data["three"]
+            assert c.read_stats["segments_fetched"] == 3
+            gets = c.read_stats["fragment_gets"]
+            assert await c.get("cache", "three") == data["three"]
+            assert c.read_stats["fragment_gets"] == gets  # nothing reached the cluster
+            assert c.read_stats["cache_hits"] == 3
+        async with Client.connect(cluster.path, cache_dir=tmp_path) as again:  # a restart
+            assert await again.get("cache", "three", 5, SEG + 7) == data["three"][5:SEG + 8]
+            assert again.read_stats["fragment_gets"] == 0
+    run(go())
+
+
+def test_an_overwritten_object_is_never_served_stale(cluster: LocalCluster,
+                                                     tmp_path: Path) -> None:
+    async def go() -> None:
+        async with Client.connect(cluster.path, cache_dir=tmp_path) as c:
+            old, new = os.urandom(SEG + 10), os.urandom(SEG + 10)
+            await c.put("cache", "changing", old)
+            assert await c.get("cache", "changing") == old
+            await c.put("cache", "changing", new)
+            assert await c.get("cache", "changing") == new
+    run(go())
+
+
+def test_a_damaged_cache_file_is_refetched(cluster: LocalCluster, data: dict[str, bytes],
+                                           tmp_path: Path) -> None:
+    async def go() -> None:
+        async with Client.connect(cluster.path, cache_dir=tmp_path) as c:
+            await c.get("cache", "three")
+            files = sorted((tmp_path / "segments").iterdir())
+            assert len(files) == 3
+            raw = bytearray(files[1].read_bytes())
+            raw[len(raw) // 2] ^= 0x40
+            files[1].write_bytes(bytes(raw))
+            fetched = c.read_stats["segments_fetched"]
+            assert await c.get("cache", "three") == data["three"]
+            assert c.read_stats["segments_fetched"] == fetched + 1
+            assert c.cache is not None and c.cache.corrupt == 1
+    run(go())
+
+
+def test_least_recently_used_segments_are_evicted(cluster: LocalCluster,
+                                                  data: dict[str, bytes],
+                                                  tmp_path: Path) -> None:
+    limit = 3 * SEG + 3 * 64
+
+    async def go() -> None:
+        async with Client.connect(cluster.path, cache_dir=tmp_path, cache_max_bytes=limit) as c:
+            three = (await c.head("cache", "three")).version_id
+            five = (await c.head("cache", "five")).version_id
+            await c.get("cache", "three", 0, 10)                  # segment 0 of three
+            await asyncio.sleep(0.05)
+            assert await c.get("cache", "five") == data["five"]   # five more segments
+            files = list((tmp_path / "segments").iterdir())
+            assert sum(f.stat().st_size for f in files) <= limit
+            names = {f.name for f in files}
+            assert f"{three}.0" not in names                      # the oldest went first
+            assert {f"{five}.3", f"{five}.4"} <= names            # the newest stayed
+    run(go())
+
+
+def test_concurrent_reads_of_one_segment_are_one_fetch(cluster: LocalCluster,
+                                                       data: dict[str, bytes]) -> None:
+    """16 tasks of one process read the same object at once, no disk cache: each segment
+    is fetched once and shared."""
+    async def go() -> None:
+        async with Client.connect(cluster.path) as c:
+            outs = await asyncio.gather(*(c.get("cache", "three") for _ in range(16)))
+            assert all(o == data["three"] for o in outs)
+            assert c.read_stats["segments_fetched"] == 3
+            assert c.read_stats["coalesced"] == 15 * 3
+            assert c.read_stats["fragment_gets"] <= 3 * 6
+    run(go())
+
+
+READER = textwrap.dedent("""
+    import asyncio, hashlib, json, sys, time
+    from store.client import Client
+    async def main():
+        async with Client.connect(sys.argv[1], cache_dir=sys.argv[2]) as c:
+            await c.cluster_map()
+            while time.time() < float(sys.argv[3]):
+                await asyncio.sleep(0.005)
+            data = await c.get("cache", "five")
+            print(json.dumps({"sha": hashlib.sha256(data).hexdigest(), **c.read_stats}))
+    asyncio.run(main())
+""")
+
+
+def test_processes_sharing_a_cache_fetch_each_segment_once(cluster: LocalCluster,
+                                                           data: dict[str, bytes],
+                                                           tmp_path: Path) -> None:
+    start = time.time() + 3.0
+    procs = [subprocess.Popen([sys.executable, "-c", READER, str(cluster.path), str(tmp_path),
+                               str(start)], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE) for _ in range(4)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err.decode()[-2000:]
+        outs.append(json.loads(out.decode().strip().splitlines()[-1]))
+    want = hashlib.sha256(data["five"]).hexdigest()
+    assert all(o["sha"] == want for o in outs)
+    fetched = sum(o["segments_fetched"] for o in outs)
+    print(f"\n4 processes, 5 segments: fetched {fetched}, "
+          f"from the cache {sum(o['cache_hits'] for o in outs)}")
+    assert fetched == 5
+
+
+def test_sequential_block_reads_prefetch_ahead(cluster: LocalCluster, data: dict[str, bytes],
+                                               tmp_path: Path) -> None:
+    """fsspec-style reads of one block at a time: from the second on, the next segments
+    are fetched before they are asked for, and each segment reaches the cluster once."""
+    async def go() -> None:
+        async with Client.connect(cluster.path, cache_dir=tmp_path) as c:
+            got = b""
+            for i in range(5):
+                got += await c.get("cache", "five", i * SEG, (i + 1) * SEG - 1)
+                await asyncio.sleep(0.2)  # the reader's own work; prefetches run meanwhile
+            assert got == data["five"]
+            assert c.read_stats["prefetched"] >= 2
+            assert c.read_stats["segments_fetched"] == 5
+            assert c.read_stats["cache_hits"] + c.read_stats["coalesced"] >= 2
+    run(go())
+
+
+def test_cache_file_format_rejects_damage(tmp_path: Path) -> None:
+    cache = SegmentCache(tmp_path, 10 * MiB)
+    cache.put("v.0", b"abc" * 1000)
+    assert cache.get("v.0") == b"abc" * 1000
+    path = tmp_path / "segments" / "v.0"
+    path.write_bytes(path.read_bytes()[:-1])  # truncated
+    assert cache.get("v.0") is None
+    assert not path.exists()
+    with pytest.raises(ValueError):
+        cache.get("../escape")
