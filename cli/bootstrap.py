@@ -93,7 +93,8 @@ def node_list(text: str) -> list[NodeArg]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def initial_map(control: list[NodeArg], storage: list[NodeArg], k: int, m: int) -> ClusterMap:
+def initial_map(control: list[NodeArg], storage: list[NodeArg], k: int, m: int,
+                cold_k: int = 8, cold_m: int = 3) -> ClusterMap:
     """The epoch-1 map the arguments describe. Raises BadRequest saying why there is none."""
     for c in control:
         if c.tier:
@@ -106,7 +107,7 @@ def initial_map(control: list[NodeArg], storage: list[NodeArg], k: int, m: int) 
             raise BadRequest(f"each node needs its own {what}; repeated: {', '.join(dup)}")
     try:
         return ClusterMap.initial([s.node() for s in storage], [c.node() for c in control],
-                                  k=k, m=m)
+                                  k=k, m=m, cold_k=cold_k, cold_m=cold_m)
     except ValueError as exc:
         raise BadRequest(f"no valid cluster map for these nodes: {exc}") from None
 
@@ -205,7 +206,7 @@ def cmd_bootstrap(a: argparse.Namespace) -> int:
 
     if not 0 <= a.wait_s <= MAX_WAIT_S:
         raise BadRequest(f"--wait-s must be between 0 and {MAX_WAIT_S:g}, got {a.wait_s:g}")
-    cmap = initial_map(a.control, a.storage, a.k, a.m)
+    cmap = initial_map(a.control, a.storage, a.k, a.m, a.cold_k, a.cold_m)
     secret = read_secret(a.secret_file)
     wait_healthy(a.control + a.storage, a.wait_s, say)
     done = install(secret, a.control, cmap)
@@ -240,6 +241,9 @@ def register_cluster(csub: Any) -> None:
                    help="storage nodes; zone defaults to the node id, tier to hot")
     b.add_argument("--k", type=int, default=4, help="data fragments per segment (default 4)")
     b.add_argument("--m", type=int, default=2, help="parity fragments (default 2)")
+    b.add_argument("--cold-k", type=int, default=8,
+                   help="cold policy data fragments, when :cold nodes are given (default 8)")
+    b.add_argument("--cold-m", type=int, default=3, help="cold policy parity fragments (default 3)")
     b.add_argument("--wait-s", type=float, default=DEFAULT_WAIT_S,
                    help=f"how long to wait for the nodes, seconds (default {DEFAULT_WAIT_S:g})")
     b.add_argument("--secret-file", help="file holding the cluster secret "

@@ -74,11 +74,13 @@ class NodeSpec:
 class LocalCluster:
     def __init__(self, data_dir: Path, secret: str, nodes: list[NodeSpec],
                  k: int, m: int, fsync: bool = True,
-                 s3_keys: dict[str, str] | None = None) -> None:
+                 s3_keys: dict[str, str] | None = None, cold_k: int = 8,
+                 cold_m: int = 3) -> None:
         self.dir = data_dir.resolve()
         self.secret = secret
         self.nodes = {n.id: n for n in nodes}
         self.k, self.m, self.fsync = k, m, fsync
+        self.cold_k, self.cold_m = cold_k, cold_m
         self.s3_keys = s3_keys or {}      # the gateway's admin key pair
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -96,10 +98,16 @@ class LocalCluster:
 
     @staticmethod
     def create(data_dir: Path, storage: int = 6, control: int = 3, k: int = 4, m: int = 2,
-               fsync: bool = True, gateway: bool = True) -> "LocalCluster":
+               fsync: bool = True, gateway: bool = True, cold: int = 0, cold_k: int = 8,
+               cold_m: int = 3) -> "LocalCluster":
+        """`storage` hot storage nodes (policy "hot", k+m) and `cold` cold ones (policy
+        "cold", cold_k+cold_m, when cold > 0)."""
         if storage < k + m:
             raise ValueError(f"policy {k}+{m} needs at least {k + m} storage nodes, "
                              f"got {storage}")
+        if cold and cold < cold_k + cold_m:
+            raise ValueError(f"cold policy {cold_k}+{cold_m} needs at least "
+                             f"{cold_k + cold_m} cold storage nodes, got {cold}")
         if control < 1:
             raise ValueError("at least one control node is needed")
         data_dir = data_dir.resolve()
@@ -107,12 +115,15 @@ class LocalCluster:
                  for i in range(1, control + 1)]
         specs += [NodeSpec(f"s{i}", "storage", free_port(), str(data_dir / f"s{i}"))
                   for i in range(1, storage + 1)]
+        specs += [NodeSpec(f"s{i}", "storage", free_port(), str(data_dir / f"s{i}"), tier="cold")
+                  for i in range(storage + 1, storage + cold + 1)]
         keys = {}
         if gateway:
             specs.append(NodeSpec("gw1", "gateway", free_port(), str(data_dir / "gw1")))
             access, secret = new_key_pair()
             keys = {"access_key": access, "secret_key": secret}
-        return LocalCluster(data_dir, secrets.token_hex(24), specs, k, m, fsync, keys)
+        return LocalCluster(data_dir, secrets.token_hex(24), specs, k, m, fsync, keys,
+                            cold_k, cold_m)
 
     @staticmethod
     def load(data_dir: Path) -> "LocalCluster":
@@ -122,7 +133,8 @@ class LocalCluster:
         gw = data.get("gateway") or {}
         keys = {k: gw[k] for k in ("access_key", "secret_key") if k in gw}
         return LocalCluster(data_dir, data["secret"], nodes, data["k"], data["m"],
-                            data.get("fsync", True), keys)
+                            data.get("fsync", True), keys, data.get("cold_k", 8),
+                            data.get("cold_m", 3))
 
     def running(self) -> list[str]:
         return [n.id for n in self.nodes.values() if pid_alive(n.pid)]
@@ -134,6 +146,7 @@ class LocalCluster:
             "control": [n.url for n in self.nodes.values() if n.role == "control"],
             "gateway": self.gateway,
             "k": self.k, "m": self.m, "fsync": self.fsync,
+            "cold_k": self.cold_k, "cold_m": self.cold_m,
             "nodes": [n.to_json() for n in self.nodes.values()],
         }
         tmp = self.path.with_suffix(".tmp")
@@ -257,7 +270,8 @@ class LocalCluster:
             return Node(id=n.id, address=n.url, zone=n.zone or n.id, tier=n.tier)
         storage = [node(n) for n in self.nodes.values() if n.role == "storage"]
         control = [node(n) for n in self.nodes.values() if n.role == "control"]
-        return ClusterMap.initial(storage, control, k=self.k, m=self.m)
+        return ClusterMap.initial(storage, control, k=self.k, m=self.m, cold_k=self.cold_k,
+                                  cold_m=self.cold_m)
 
     def install_map(self) -> None:
         """Give every control node the map, unless one already holds one (a restart)."""

@@ -48,7 +48,8 @@ def cmd_cluster_up(a: argparse.Namespace) -> int:
     else:
         try:
             cluster = LocalCluster.create(data, a.storage, a.control, a.k, a.m,
-                                          fsync=not a.no_fsync, gateway=not a.no_gateway)
+                                          fsync=not a.no_fsync, gateway=not a.no_gateway,
+                                          cold=a.cold, cold_k=a.cold_k, cold_m=a.cold_m)
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
     try:
@@ -57,8 +58,11 @@ def cmd_cluster_up(a: argparse.Namespace) -> int:
         cluster.stop()
         raise EcstoreError(f"cluster did not start: {exc}") from None
     roles = [n.role for n in cluster.nodes.values()]
-    err.print(f"cluster up: {roles.count('control')} control, {roles.count('storage')} storage "
-              f"nodes, policy {cluster.k}+{cluster.m}; cluster file {cluster.path}")
+    cold = sum(1 for n in cluster.nodes.values() if n.role == "storage" and n.tier == "cold")
+    err.print(f"cluster up: {roles.count('control')} control, {roles.count('storage') - cold} "
+              f"hot storage nodes (policy hot {cluster.k}+{cluster.m})"
+              + (f", {cold} cold (policy cold {cluster.cold_k}+{cluster.cold_m})" if cold else "")
+              + f"; cluster file {cluster.path}")
     gw = cluster.gateway
     if gw is not None:
         err.print(f"S3 gateway: {gw['url']} (access key {gw['access_key']}; the secret key is "
@@ -181,8 +185,8 @@ def human(n: int | None) -> str:
 
 
 async def cmd_mb(c: Client, a: argparse.Namespace) -> int:
-    await c.create_bucket(a.bucket)
-    err.print(f"created bucket {a.bucket}")
+    await c.create_bucket(a.bucket, **({"policy": a.policy} if a.policy else {}))
+    err.print(f"created bucket {a.bucket}" + (f" (policy {a.policy})" if a.policy else ""))
     return 0
 
 
@@ -404,6 +408,10 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--control", type=int, default=3, help="control nodes (default 3)")
     up.add_argument("--k", type=int, default=4, help="data fragments per segment (default 4)")
     up.add_argument("--m", type=int, default=2, help="parity fragments (default 2)")
+    up.add_argument("--cold", type=int, default=0, metavar="N",
+                    help="also start N cold-tier storage nodes (policy cold; default 0)")
+    up.add_argument("--cold-k", type=int, default=8, help="cold policy data fragments (default 8)")
+    up.add_argument("--cold-m", type=int, default=3, help="cold policy parity fragments (default 3)")
     up.add_argument("--detach", action="store_true", help="return once all nodes are healthy")
     up.add_argument("--no-fsync", action="store_true", help="skip fsync (faster, unsafe)")
     up.add_argument("--no-gateway", action="store_true", help="do not start the S3 gateway")
@@ -426,6 +434,9 @@ def parser() -> argparse.ArgumentParser:
     for name, fn, helptext in (("mb", cmd_mb, "make a bucket"), ("rb", cmd_rb, "remove an empty bucket")):
         sp = sub.add_parser(name, help=helptext)
         sp.add_argument("bucket")
+        if name == "mb":
+            sp.add_argument("--policy", help="default storage policy of the bucket's objects "
+                            "(e.g. hot or cold; default: the map's default)")
         sp.set_defaults(func=with_client(fn))
     put = sub.add_parser("put", help="store FILE (or stdin) as BUCKET/KEY")
     put.add_argument("path", metavar="BUCKET/KEY")
@@ -461,6 +472,7 @@ def parser() -> argparse.ArgumentParser:
     rp.set_defaults(func=with_client(cmd_repair))
     __import__("cli.gc_cmd").gc_cmd.register(sub)
     __import__("cli.keys_cmd").keys_cmd.register(sub)
+    __import__("cli.tier_cmd").tier_cmd.register(sub)
     return p
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from node.metadb import MetaDB, bucket_key, object_key
+from node.metadb import MetaDB, access_key, bucket_key, object_key
 from node.server import make_base_app, node_arg_parser, query_int, run, secret_from_env, verified_body
 from placement.cluster_map import ClusterMap
 from store.errors import BadRequest, Conflict, NotFound
@@ -126,6 +126,56 @@ async def list_objects(request: web.Request) -> web.Response:
     return msgpack_response({"records": records, "truncated": truncated})
 
 
+ACCESS_HISTORY_MINUTES = 24 * 60   # read counts are kept per minute for this long
+MAX_ACCESS_ENTRIES = 10_000
+
+
+def merge_access(held: dict[str, Any] | None, reads: int, last: float,
+                 minute: int) -> dict[str, Any]:
+    """Add `reads` reads, the latest at `last` (unix s), to a key's read history: a count
+    per minute (sparse) over the last day, and the time of the last read."""
+    rec = held or {"last": 0.0, "minutes": {}}
+    minutes = {m: int(n) for m, n in rec["minutes"].items()
+               if int(m) > minute - ACCESS_HISTORY_MINUTES}   # keys: str(minute)
+    minutes[str(minute)] = minutes.get(str(minute), 0) + reads
+    return {"last": max(float(rec["last"]), last), "minutes": minutes}
+
+
+async def record_access(request: web.Request) -> web.Response:
+    """Reads reported by clients, batched: {"entries": [{bucket, key, reads, last}]}.
+    Advisory (for the tiering worker): not fsynced, last writer merges."""
+    body = unpack(await verified_body(request), MAX_BODY_BYTES)
+    entries = body.get("entries") if isinstance(body, dict) else None
+    if not isinstance(entries, list) or len(entries) > MAX_ACCESS_ENTRIES:
+        raise BadRequest(f"entries must be a list of at most {MAX_ACCESS_ENTRIES}")
+    db = request.app[DB]
+    minute = int(time.time() // 60)
+    for e in entries:
+        try:
+            bucket = check_bucket_name(e["bucket"], system_ok=True)
+            key = check_key(e["key"])
+            reads, last = int(e["reads"]), float(e["last"])
+        except (KeyError, TypeError, ValueError):
+            raise BadRequest("each entry needs bucket, key, reads and last") from None
+        if reads < 1:
+            raise BadRequest("reads must be positive")
+        k = access_key(bucket, key)
+        db.put_lazy(k, merge_access(db.get(k), reads, last, minute))
+    return msgpack_response({"recorded": len(entries)})
+
+
+async def list_access(request: web.Request) -> web.Response:
+    """A sorted page of read histories of one bucket's keys."""
+    bucket = check_bucket_name(request.match_info["bucket"], system_ok=True)
+    after = request.query.get("after", "")
+    limit = query_int(request, "limit", 1000, MAX_SCAN_LIMIT)
+    base = access_key(bucket, "")
+    rows, truncated = request.app[DB].scan(base, base + after.encode() if after else b"",
+                                           limit)
+    return msgpack_response({"records": [{"key": k[len(base):].decode(), **r} for k, r in rows],
+                             "truncated": truncated})
+
+
 async def put_bucket(request: web.Request) -> web.Response:
     bucket = check_bucket_name(request.match_info["bucket"], system_ok=True)
     record = await read_record(request)
@@ -209,6 +259,8 @@ def make_app(config: ControlConfig) -> web.Application:
         web.put("/v1/buckets/{bucket}", put_bucket),
         web.get("/v1/buckets/{bucket}", get_bucket),
         web.get("/v1/list/{bucket}", list_objects),
+        web.post("/v1/access", record_access),
+        web.get("/v1/access/{bucket}", list_access),
         web.put(obj, put_object),
         web.get(obj, get_object),
         web.delete(obj, purge_object),

@@ -1,8 +1,9 @@
 """Metadata records in RocksDB (rocksdict, raw bytes keys).
 
 Key layout: b"o" bucket b"\\0" key -> object record; b"b" bucket -> bucket record;
-b"m" -> the cluster map. Every record carries "ts" (ns) and "version_id"; a put keeps
-the newest by (ts, version_id), so replicas converge whatever the order of arrival.
+b"m" -> the cluster map; b"a" bucket b"\\0" key -> how the object is read (tiering).
+Every record carries "ts" (ns) and "version_id"; a put keeps the newest by
+(ts, version_id), so replicas converge whatever the order of arrival.
 """
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ MAP_KEY = b"m"
 
 def object_key(bucket: str, key: str) -> bytes:
     return b"o" + bucket.encode() + b"\0" + key.encode()
+
+
+def access_key(bucket: str, key: str) -> bytes:
+    return b"a" + bucket.encode() + b"\0" + key.encode()
 
 
 def bucket_key(bucket: str) -> bytes:
@@ -36,6 +41,8 @@ class MetaDB:
         self.db = Rdict(str(path), Options(raw_mode=True))
         self.write_opts = WriteOptions()
         self.write_opts.sync = sync
+        self.lazy_opts = WriteOptions()   # advisory data (read counts): no fsync
+        self.lazy_opts.sync = False
 
     def close(self) -> None:
         self.db.close()
@@ -51,6 +58,9 @@ class MetaDB:
             return False, current
         self.db.put(k, pack(record), self.write_opts)
         return True, record
+
+    def put_lazy(self, k: bytes, record: dict[str, Any]) -> None:
+        self.db.put(k, pack(record), self.lazy_opts)
 
     def delete(self, k: bytes) -> None:
         self.db.delete(k, self.write_opts)

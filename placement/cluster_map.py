@@ -233,8 +233,11 @@ class ClusterMap:
         ec_type: str = "isa_l_rs_vand",
         part_power: int = 10,
         segment_size_bytes: int = 4 * 1024 * 1024,
+        cold_k: int = 8,
+        cold_m: int = 3,
     ) -> "ClusterMap":
-        """Return the epoch-1 map: a ring per storage tier, a control ring, one "hot" policy.
+        """Return the epoch-1 map: a ring per storage tier, a control ring, a "hot" policy
+        (k+m on the hot tier) and, when cold nodes exist, a "cold" one (cold_k+cold_m).
 
         R = min(3, control nodes), W = R // 2 + 1, read quorum = R - W + 1
         (1/1/1 for one control node, 2/2/1 for two, 3/2/2 for three or more).
@@ -248,8 +251,10 @@ class ClusterMap:
         control = Ring.build(control_nodes, part_power, tier=CONTROL_TIER)
         r = min(3, len(control.nodes))
         w = r // 2 + 1
-        policy = Policy("hot", k, m, ec_type, segment_size_bytes, "hot")
-        cmap = ClusterMap(1, rings, control, (policy,), "hot", r, w, r - w + 1)
+        policies = [Policy("hot", k, m, ec_type, segment_size_bytes, "hot")]
+        if "cold" in by_tier:
+            policies.append(Policy("cold", cold_k, cold_m, ec_type, segment_size_bytes, "cold"))
+        cmap = ClusterMap(1, rings, control, tuple(policies), "hot", r, w, r - w + 1)
         cmap.check()
         return cmap
 

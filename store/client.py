@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import hashlib
 import json
 import os
@@ -31,7 +32,7 @@ from store.cluster import ClusterInfo
 from store.errors import BadRequest, Conflict, Corrupt, EcstoreError, NotFound, Unavailable
 from store.listing import ListResult, merge_listing
 from store.metadata import MetaQuorum, effective_quorums, first_answers
-from store.names import check_bucket_name, check_key
+from store.names import SYSTEM_BUCKETS, check_bucket_name, check_key
 from store.striping import Extent, extent_slices, fragment_id, plan_fetches, record_extents, resolve_range
 from store.transport import Transport, quote_key
 from store.wire import FRAGMENT_META_HEADER, pack, pack_header, unpack
@@ -46,6 +47,9 @@ CACHE_LOCK_WAIT_S = 60.0       # longest wait for another process's fetch of a s
 DEFAULT_CACHE_MAX_MB = 10 * 1024
 PREFETCH_SEGMENTS = 2          # a sequential reader with a cache gets this many more fetched
 MAX_PREFETCHES = 8             # in flight per client
+READS_FLUSH_S = 5.0            # read counts are sent to the control nodes this often
+MAX_PENDING_READS = 50_000     # ... or at once when this many objects have been read
+READS_PER_REQUEST = 5_000
 SUSPECT_S = 10.0               # a node found stalled is passed over this long, then tried again
 MAX_INFLIGHT_SEGMENTS = 4      # put pipeline depth: memory ~ this x segment x (k+m)/k
 READAHEAD_SEGMENTS = 2         # get stream read-ahead
@@ -97,7 +101,7 @@ class Client:
         self._map: ClusterMap | None = None
         self._map_at = 0.0
         self._map_fetch: asyncio.Future[ClusterMap] | None = None
-        self._buckets_seen: dict[str, float] = {}
+        self._buckets_seen: dict[str, tuple[float, dict[str, Any]]] = {}  # when, its record
         # A bound on segments held in memory across every put and get of this client (the
         # gateway sets one); None: each put or get is bounded on its own only.
         self.segment_slots: asyncio.Semaphore | None = None
@@ -114,6 +118,10 @@ class Client:
         # what reached the cluster and what did not, for tests and benchmarks
         self.read_stats = {"segments_fetched": 0, "fragment_gets": 0, "coalesced": 0,
                            "cache_hits": 0, "prefetched": 0}
+        # reads per object, reported to the control nodes in batches (tiering uses them)
+        self.track_reads = os.environ.get("ECSTORE_TRACK_READS", "1") != "0"
+        self._reads: dict[tuple[str, str], list[float]] = {}   # -> [count, last unix s]
+        self._reads_flush: asyncio.Future[None] | None = None
 
     @classmethod
     def connect(cls, cluster: str | os.PathLike[str] | ClusterInfo | None = None,
@@ -130,6 +138,11 @@ class Client:
         await self.close()
 
     async def close(self) -> None:
+        if self._reads_flush is not None:
+            self._reads_flush.cancel()
+        if self._reads:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.flush_reads(), 3.0)
         if self.background:
             await asyncio.wait(set(self.background), timeout=2.0)
         await self.t.close()
@@ -195,10 +208,13 @@ class Client:
     async def create_bucket(self, bucket: str, **fields: Any) -> None:
         """Create a bucket; `fields` (e.g. owner, acl) are kept in its record."""
         check_bucket_name(bucket)
+        if fields.get("policy") is not None:  # the default policy of the bucket's objects
+            self._policy(await self.cluster_map(), fields["policy"])
         if await self._bucket_record(bucket) is not None:
             raise Conflict(f"bucket {bucket} already exists")
-        await self._write_bucket(bucket, {**fields, "deleted": False, "created": time.time()})
-        self._buckets_seen[bucket] = time.monotonic()
+        record = {**fields, "deleted": False, "created": time.time()}
+        await self._write_bucket(bucket, record)
+        self._buckets_seen[bucket] = (time.monotonic(), record)
 
     async def bucket_record(self, bucket: str) -> dict[str, Any]:
         """The bucket's record (created, owner, acl ...). Raises NotFound."""
@@ -260,14 +276,25 @@ class Client:
         rec = await self.meta.read(nodes, f"/v1/buckets/{bucket}", len(nodes) // 2 + 1)
         return None if rec is None or rec["deleted"] else rec
 
-    async def _require_bucket(self, bucket: str, cached: bool = True) -> None:
+    async def _require_bucket(self, bucket: str, cached: bool = True) -> dict[str, Any]:
+        """The bucket's record (cached for BUCKET_CACHE_TTL_S); NotFound."""
         check_bucket_name(bucket)
         seen = self._buckets_seen.get(bucket)
-        if cached and seen is not None and time.monotonic() - seen < BUCKET_CACHE_TTL_S:
-            return
-        if await self._bucket_record(bucket) is None:
+        if cached and seen is not None and time.monotonic() - seen[0] < BUCKET_CACHE_TTL_S:
+            return seen[1]
+        rec = await self._bucket_record(bucket)
+        if rec is None:
             raise NotFound(f"no such bucket: {bucket}")
-        self._buckets_seen[bucket] = time.monotonic()
+        self._buckets_seen[bucket] = (time.monotonic(), rec)
+        return rec
+
+    @staticmethod
+    def _policy(cmap: ClusterMap, name: str | None) -> Policy:
+        try:
+            return cmap.policy(name)
+        except KeyError:
+            raise BadRequest(f"no storage policy {name!r} (the map has "
+                             f"{', '.join(p.name for p in cmap.policies)})") from None
 
     # ---- put -------------------------------------------------------------------------
     async def put(self, bucket: str, key: str, source: Source, *,
@@ -285,9 +312,9 @@ class Client:
         meta = dict(meta or {})
         if len(pack(meta)) > MAX_USER_META_BYTES:
             raise BadRequest(f"user metadata larger than {MAX_USER_META_BYTES} bytes")
-        await self._require_bucket(bucket)
+        brec = await self._require_bucket(bucket)
         cmap = await self.cluster_map()
-        pol = cmap.policy(policy)
+        pol = self._policy(cmap, policy or brec.get("policy"))
         vid = new_version_id()
         record: dict[str, Any] = {
             "ts": time.time_ns(), "version_id": vid, "deleted": False,
@@ -527,13 +554,16 @@ class Client:
         return b"".join(parts)
 
     async def get_stream(self, bucket: str, key: str, start: int | None = None,
-                         end: int | None = None,
-                         record: dict[str, Any] | None = None) -> AsyncIterator[bytes]:
+                         end: int | None = None, record: dict[str, Any] | None = None,
+                         note_read: bool = True) -> AsyncIterator[bytes]:
         """Yield the object's bytes segment by segment, reading ahead a few segments.
 
-        Pass `record` (from live_record) when the caller has read it already."""
+        Pass `record` (from live_record) when the caller has read it already.
+        `note_read=False`: not counted as a read (the tiering worker's own reads)."""
         if record is None:
             record = await self.live_record(bucket, key)
+        if note_read:
+            self._note_read(bucket, key)
         lo, hi = resolve_range(record["size"], start, end)
         if record.get("inline") is not None:
             if hi > lo:
@@ -569,6 +599,44 @@ class Client:
             for task in pending:
                 task.cancel()
                 self._give_slot()
+
+    def _note_read(self, bucket: str, key: str) -> None:
+        if not self.track_reads or bucket in SYSTEM_BUCKETS:
+            return
+        entry = self._reads.get((bucket, key))
+        if entry is None:
+            self._reads[(bucket, key)] = [1, time.time()]
+        else:
+            entry[0] += 1
+            entry[1] = time.time()
+        if self._reads_flush is None or self._reads_flush.done():
+            delay = 0.0 if len(self._reads) >= MAX_PENDING_READS else READS_FLUSH_S
+            self._reads_flush = asyncio.ensure_future(self._flush_reads_after(delay))
+            self._reads_flush.add_done_callback(_retrieve)
+
+    async def _flush_reads_after(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        await self.flush_reads()
+
+    async def flush_reads(self) -> None:
+        """Send the reads counted since the last flush to each key's control nodes, one
+        request per node (best effort: read counts only steer tiering)."""
+        pending, self._reads = self._reads, {}
+        if not pending:
+            return
+        cmap = await self.cluster_map()
+        per_node: dict[str, tuple[Node, builtins.list[dict[str, Any]]]] = {}
+        for (bucket, key), (count, last) in pending.items():
+            entry = {"bucket": bucket, "key": key, "reads": int(count), "last": last}
+            for node in cmap.control_nodes_for(f"{bucket}/{key}"):
+                per_node.setdefault(node.id, (node, []))[1].append(entry)
+
+        async def send(node: Node, entries: builtins.list[dict[str, Any]]) -> None:
+            for i in range(0, len(entries), READS_PER_REQUEST):
+                await self.t.request("POST", node.address, "/v1/access",
+                                     body=pack({"entries": entries[i:i + READS_PER_REQUEST]}),
+                                     timeout_s=5.0)
+        await asyncio.gather(*(send(n, e) for n, e in per_node.values()), return_exceptions=True)
 
     async def _read_slice(self, cmap: ClusterMap, record: dict[str, Any], ext: Extent,
                           seg: int, lo: int, hi: int) -> bytes:

@@ -60,8 +60,14 @@ def test_replicas_above_control_nodes_uses_effective_r() -> None:
 
 
 def test_initial_with_two_tiers() -> None:
-    m = ClusterMap.initial(storage(6) + storage(3, tier="cold", prefix="c"), control(3), part_power=4)
+    m = ClusterMap.initial(storage(6) + storage(3, tier="cold", prefix="c"), control(3),
+                           part_power=4, cold_k=2, cold_m=1)
     assert sorted(r.tier for r in m.storage_rings) == ["cold", "hot"]
+    assert (m.policy("cold").k, m.policy("cold").m, m.policy("cold").tier) == (2, 1, "cold")
+    assert m.policy().name == "hot"
+    with pytest.raises(ValueError, match="policy cold: needs k\\+m=11"):  # default cold 8+3
+        ClusterMap.initial(storage(6) + storage(3, tier="cold", prefix="c"), control(3),
+                           part_power=4)
     assert m.storage_node("c1").tier == "cold"
     assert len(m.all_storage_nodes()) == 9
     with pytest.raises(KeyError):

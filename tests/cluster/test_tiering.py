@@ -1,0 +1,153 @@
+"""Hot and cold tiers, as a user runs them: `ecstore cluster up --cold 11` (policy cold is
+8+3 on the cold nodes), bucket default policies, `ecstore tier status` and
+`ecstore tier run --once` demoting what is not read and promoting what is read often;
+a move keeps the bytes, the ETag and the modification time, never interrupts a reader,
+and loses to a concurrent overwrite."""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+
+from cli.localcluster import LocalCluster
+from store.client import Client, SyncClient, expected_fragment_nodes
+from store.tiering import move_object
+from tests.cluster.s3_fixtures import ecstore
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def tiered() -> Iterator[LocalCluster]:
+    tmp = Path(tempfile.mkdtemp(prefix="ecstore-tier-"))
+    data = tmp / "cluster"
+    up = ecstore(None, "cluster", "up", "--data", str(data), "--cold", "11", "--detach",
+                 "--no-fsync", timeout_s=120)
+    assert "11 cold (policy cold 8+3)" in " ".join(up.stderr.split())  # rich wraps lines
+    try:
+        yield LocalCluster.load(data)
+    finally:
+        ecstore(None, "cluster", "down", "--data", str(data), ok=False)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def s3_of(cluster: LocalCluster):  # type: ignore[no-untyped-def]
+    gw = cluster.gateway
+    assert gw is not None
+    return boto3.session.Session().client(
+        "s3", endpoint_url=gw["url"], region_name=gw["region"],
+        aws_access_key_id=gw["access_key"], aws_secret_access_key=gw["secret_key"])
+
+
+def record(c: SyncClient, bucket: str, key: str) -> dict:  # type: ignore[type-arg]
+    return c._run(c.client.live_record(bucket, key))
+
+
+def tiers_of(c: SyncClient, bucket: str, key: str) -> set[str]:
+    async def go() -> set[str]:
+        rec = await c.client.live_record(bucket, key)
+        cmap = await c.client.cluster_map()
+        return {n.tier for s in range(rec["segments"])
+                for n in expected_fragment_nodes(cmap, rec, s)}
+    return c._run(go())
+
+
+def tier_json(cluster: LocalCluster, *args: str) -> dict:  # type: ignore[type-arg]
+    return json.loads(ecstore(cluster.path, "tier", *args, "--json").stdout)
+
+
+def test_idle_objects_go_cold_and_busy_ones_come_back(tiered: LocalCluster) -> None:
+    s3 = s3_of(tiered)
+    s3.create_bucket(Bucket="data")
+    model = os.urandom(9 * MiB + 5)
+    s3.put_object(Bucket="data", Key="model.bin", Body=model)
+    head0 = s3.head_object(Bucket="data", Key="model.bin")
+    objs = {"a.bin": os.urandom(5 * MiB), "b.bin": os.urandom(5 * MiB + 1), "small": b"s" * 1000}
+    with SyncClient(tiered.path) as c:
+        for k, v in objs.items():
+            c.put("data", k, v)
+    st = tier_json(tiered, "status", "--cold-after", "1000")
+    assert st["tiers"]["hot"]["objects"] == 3 and st["tiers"]["inline"]["objects"] == 1
+    assert st["tiers"]["hot"]["bytes"] == len(model) + 10 * MiB + 1
+    assert st["due"] == {}
+
+    time.sleep(5.5)
+    st = tier_json(tiered, "status", "--cold-after", "5")
+    assert st["due"]["demote"] == {"objects": 3, "bytes": len(model) + 10 * MiB + 1}
+    with SyncClient(tiered.path) as c:  # read b.bin just now: it stays hot
+        assert c.get("data", "b.bin") == objs["b.bin"]
+    rep = tier_json(tiered, "run", "--once", "--cold-after", "5")
+    assert (rep["demoted"], rep["promoted"], rep["failed"]) == (2, 0, 0), rep
+
+    with SyncClient(tiered.path) as c:
+        for key in ("a.bin", "model.bin"):
+            rec = record(c, "data", key)
+            assert (rec["policy"], rec["k"], rec["m"]) == ("cold", 8, 3)
+            assert tiers_of(c, "data", key) == {"cold"}
+        assert record(c, "data", "b.bin")["policy"] == "hot"
+        assert tiers_of(c, "data", "b.bin") == {"hot"}
+        assert c.get("data", "a.bin") == objs["a.bin"]
+        assert c.get("data", "small") == objs["small"]
+    head1 = s3.head_object(Bucket="data", Key="model.bin")
+    assert head1["ETag"] == head0["ETag"]
+    assert head1["LastModified"] == head0["LastModified"]
+    assert s3.get_object(Bucket="data", Key="model.bin")["Body"].read() == model
+    table = ecstore(tiered.path, "tier", "status").stdout
+    assert "cold" in table and "8+3" in table
+
+    with SyncClient(tiered.path) as c:  # three reads of a.bin in the window: promote it
+        for _ in range(3):
+            assert c.get("data", "a.bin", 0, 99) == objs["a.bin"][:100]
+    rep = tier_json(tiered, "run", "--once", "--promote-reads", "3", "--window", "60")
+    assert (rep["promoted"], rep["failed"]) == (1, 0), rep
+    with SyncClient(tiered.path) as c:
+        rec = record(c, "data", "a.bin")
+        assert (rec["policy"], rec["k"], rec["m"]) == ("hot", 4, 2)
+        assert c.get("data", "a.bin") == objs["a.bin"]
+        assert record(c, "data", "model.bin")["policy"] == "cold"  # read once only
+
+
+def test_a_move_never_interrupts_a_reader_and_loses_to_an_overwrite(
+        tiered: LocalCluster) -> None:
+    async def go() -> None:
+        async with Client.connect(tiered.path) as c:
+            await c.create_bucket("moving")
+            data = os.urandom(13 * MiB)
+            await c.put("moving", "big", data)
+            rec = await c.live_record("moving", "big")
+            stream = c.get_stream("moving", "big")
+            got = [await anext(stream)]
+            assert await move_object(c, "moving", "big", rec, "cold")
+            got += [part async for part in stream]  # the old version, to its end
+            assert hashlib.sha256(b"".join(got)).digest() == hashlib.sha256(data).digest()
+            assert (await c.live_record("moving", "big"))["policy"] == "cold"
+            assert await c.get("moving", "big") == data
+
+            await c.put("moving", "raced", b"1" * (5 * MiB))
+            old = await c.live_record("moving", "raced")
+            await c.put("moving", "raced", b"2" * (5 * MiB))  # a newer write
+            assert not await move_object(c, "moving", "raced", old, "cold")
+            assert await c.get("moving", "raced") == b"2" * (5 * MiB)
+            assert (await c.live_record("moving", "raced"))["policy"] == "hot"
+    asyncio.run(go())
+
+
+def test_bucket_default_policy(tiered: LocalCluster) -> None:
+    ecstore(tiered.path, "mb", "archive", "--policy", "cold")
+    with SyncClient(tiered.path) as c:
+        c.put("archive", "x", os.urandom(2 * MiB))
+        assert record(c, "archive", "x")["policy"] == "cold"
+        c.put("archive", "y", os.urandom(2 * MiB), policy="hot")   # a put may choose
+        assert record(c, "archive", "y")["policy"] == "hot"
+    bad = ecstore(tiered.path, "mb", "nowhere", "--policy", "tepid", ok=False)
+    assert bad.returncode == 2 and "no storage policy 'tepid'" in bad.stderr
+    assert "Traceback" not in bad.stderr
