@@ -358,7 +358,11 @@ class Client:
                       record: dict[str, Any]) -> None:
         nodes = cmap.control_nodes_for(f"{bucket}/{key}")
         w, _ = effective_quorums(cmap, len(nodes))
-        await self.meta.write(nodes, meta_path(bucket, key), record, w)
+        try:
+            await self.meta.write(nodes, meta_path(bucket, key), record, w)
+        except Unavailable as exc:  # some replica may hold it: a later read may repair it in
+            raise Unavailable(f"{exc.message}; the outcome of this write is unknown (it may "
+                              "still appear)", **exc.details, outcome="unknown") from None
 
     async def _put_segments(self, cmap: ClusterMap, pol: Policy, bucket: str, key: str,
                             vid: str, record: dict[str, Any],
