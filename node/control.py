@@ -4,6 +4,7 @@ Routes (all signed except /v1/health), see docs/PROTOCOL.md.
 """
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from node.server import make_base_app, node_arg_parser, query_int, run, secret_f
 from placement.cluster_map import ClusterMap
 from store.errors import BadRequest, Conflict, NotFound
 from store.names import check_bucket_name, check_key
-from store.wire import pack, unpack
+from store.wire import MAX_RECORD_BYTES, pack, unpack
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_SCAN_LIMIT = 10_000
@@ -43,7 +44,7 @@ def msgpack_response(value: Any, status: int = 200) -> web.Response:
 
 
 async def read_record(request: web.Request) -> dict[str, Any]:
-    record = unpack(await verified_body(request), MAX_BODY_BYTES)
+    record = unpack(await verified_body(request), MAX_RECORD_BYTES)
     if not isinstance(record, dict):
         raise BadRequest("record must be a map")
     for field, typ in REQUIRED_FIELDS.items():
@@ -128,6 +129,8 @@ async def list_objects(request: web.Request) -> web.Response:
 
 ACCESS_HISTORY_MINUTES = 24 * 60   # read counts are kept per minute for this long
 MAX_ACCESS_ENTRIES = 10_000
+MAX_READS_PER_ENTRY = 2**32        # reads of one key in one report
+MAX_READS_PER_MINUTE = 2**62       # a minute's count stays a msgpack int whatever is reported
 
 
 def merge_access(held: dict[str, Any] | None, reads: int, last: float,
@@ -137,7 +140,7 @@ def merge_access(held: dict[str, Any] | None, reads: int, last: float,
     rec = held or {"last": 0.0, "minutes": {}}
     minutes = {m: int(n) for m, n in rec["minutes"].items()
                if int(m) > minute - ACCESS_HISTORY_MINUTES}   # keys: str(minute)
-    minutes[str(minute)] = minutes.get(str(minute), 0) + reads
+    minutes[str(minute)] = min(MAX_READS_PER_MINUTE, minutes.get(str(minute), 0) + reads)
     return {"last": max(float(rec["last"]), last), "minutes": minutes}
 
 
@@ -148,20 +151,28 @@ async def record_access(request: web.Request) -> web.Response:
     entries = body.get("entries") if isinstance(body, dict) else None
     if not isinstance(entries, list) or len(entries) > MAX_ACCESS_ENTRIES:
         raise BadRequest(f"entries must be a list of at most {MAX_ACCESS_ENTRIES}")
+    checked = [access_entry(e) for e in entries]   # all of them before any is applied
     db = request.app[DB]
     minute = int(time.time() // 60)
-    for e in entries:
-        try:
-            bucket = check_bucket_name(e["bucket"], system_ok=True)
-            key = check_key(e["key"])
-            reads, last = int(e["reads"]), float(e["last"])
-        except (KeyError, TypeError, ValueError):
-            raise BadRequest("each entry needs bucket, key, reads and last") from None
-        if reads < 1:
-            raise BadRequest("reads must be positive")
+    for bucket, key, reads, last in checked:
         k = access_key(bucket, key)
         db.put_lazy(k, merge_access(db.get(k), reads, last, minute))
     return msgpack_response({"recorded": len(entries)})
+
+
+def access_entry(e: Any) -> tuple[str, str, int, float]:
+    """(bucket, key, reads, last) of one reported entry; BadRequest if it is not one."""
+    try:
+        bucket = check_bucket_name(e["bucket"], system_ok=True)
+        key = check_key(e["key"])
+        reads, last = int(e["reads"]), float(e["last"])
+    except (KeyError, TypeError, ValueError, OverflowError):  # inf reads, 1e400 last
+        raise BadRequest("each entry needs bucket, key, reads and last") from None
+    if not 1 <= reads <= MAX_READS_PER_ENTRY:
+        raise BadRequest(f"reads must be between 1 and {MAX_READS_PER_ENTRY}")
+    if not math.isfinite(last):
+        raise BadRequest("last must be a finite unix time")
+    return bucket, key, reads, last
 
 
 async def list_access(request: web.Request) -> web.Response:

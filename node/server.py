@@ -1,25 +1,50 @@
-"""Plumbing shared by every server role: errors to statuses, authentication, running."""
+"""Plumbing shared by every server role: errors to statuses, authentication, running
+(with a cap on open connections per process, see ConnectionCap)."""
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import ctypes
+import ctypes.util
 import hashlib
 import json
 import logging
+import math
 import os
+import re
+import resource
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any, cast
 
 from aiohttp import web
+from aiohttp.http import HttpProcessingError
 
-from store.auth import CHECKSUM_HEADER, verify
-from store.errors import BadRequest, EcstoreError, Unauthorized
+from store.auth import CHECKSUM_HEADER, DATE_HEADER, SIGNATURE_HEADER, verify
+from store.errors import BadRequest, EcstoreError, Unauthorized, Unavailable
 
 log = logging.getLogger("ecstore.node")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SECRET_KEY = web.AppKey("secret", str)
 UNAUTHENTICATED_PATHS = frozenset({"/v1/health"})
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+MAX_CONNECTIONS_ENV = "ECSTORE_MAX_CONNECTIONS"
+DEFAULT_MAX_CONNECTIONS = 1024     # open connections per process, idle keep-alive included
+REFUSAL_LINGER_S = 1.0             # time a refused client gets to read its 503
+MAX_LINGERING_REFUSALS = 256       # past this, a refused connection is closed at once
+REFUSAL_LOG_INTERVAL_S = 10.0      # at most one warning per interval while refusing
+FD_RESERVE = 256                   # descriptors kept for files, RocksDB and peers
+SHUTDOWN_TIMEOUT_S = 60.0          # in-flight requests get this long after SIGTERM
+KEEPALIVE_TIMEOUT_S = 75.0         # an idle keep-alive connection is closed after this
+LISTEN_BACKLOG = 128
+# aiohttp's request parser limits, named here (docs/LIMITS.md); over them: 400 with a reason
+MAX_REQUEST_LINE_BYTES = 8190      # method, path and query
+MAX_HEADER_FIELD_BYTES = 8190      # one header line
+MAX_HEADERS = 128                  # header lines per request
 
 
 def json_error(exc: EcstoreError) -> web.Response:
@@ -38,7 +63,16 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if exc.status >= 400:
             return json_error(_http_to_error(exc))
         raise
-    except (ConnectionResetError, asyncio.CancelledError):
+    except HttpProcessingError as exc:  # a malformed body: bad chunking, bad encoding
+        return json_error(BadRequest(f"malformed request body: {exc.message}"))
+    except web.RequestPayloadError as exc:  # the same, as aiohttp hands it to a handler
+        return json_error(BadRequest(f"malformed request body: {exc}"))
+    except ConnectionResetError:
+        # The client hung up before its request was read (a body cut short): nobody
+        # will read an answer; aiohttp drops it quietly. Not a bug, so no traceback.
+        log.debug("%s %s: client went away", request.method, request.path)
+        return json_error(BadRequest("connection closed before the request was read"))
+    except asyncio.CancelledError:
         raise
     except Exception:  # a bug: log it whole, answer 500 without internals
         log.exception("unhandled error in %s %s", request.method, request.path)
@@ -46,7 +80,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 
 def _http_to_error(exc: web.HTTPException) -> EcstoreError:
-    err = EcstoreError(exc.reason or "error")
+    # a 413's text says the limit and the size; other texts are "404: Not Found"
+    err = EcstoreError((exc.text if exc.status == 413 else None) or exc.reason or "error")
     err.status = exc.status
     err.code = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(
         exc.status, "bad_request")
@@ -57,16 +92,44 @@ def _http_to_error(exc: web.HTTPException) -> EcstoreError:
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Refuse any request not signed with the cluster secret."""
     if request.path not in UNAUTHENTICATED_PATHS:
-        reason = verify(request.app[SECRET_KEY], request.method, request.raw_path,
-                        request.headers, time.time())
+        reason = malformed_signature(request) or verify(
+            request.app[SECRET_KEY], request.method, request.raw_path, request.headers,
+            time.time())
         if reason is not None:
             raise Unauthorized(reason)
     return await handler(request)
 
 
+def malformed_signature(request: web.Request) -> str | None:
+    """Why the signing fields cannot be a signature of ours, else None: checked before
+    verify() hashes them (a non-ASCII or non-UTF-8 header or path must be a 401, not a
+    crash), and a date must be finite ("nan" would never go stale)."""
+    h = request.headers
+    sig, ts, checksum = h.get(SIGNATURE_HEADER), h.get(DATE_HEADER), h.get(CHECKSUM_HEADER)
+    if not sig or not ts or not checksum:
+        return "unsigned request"
+    if not _HEX64.fullmatch(sig) or not _HEX64.fullmatch(checksum):
+        return "malformed signature or checksum header"
+    try:
+        finite = math.isfinite(float(ts))
+    except ValueError:
+        finite = False
+    if not finite:
+        return "bad signature date"
+    try:
+        request.raw_path.encode()
+    except UnicodeEncodeError:  # bytes that are not UTF-8 in the request target
+        return "request target is not UTF-8"
+    return None
+
+
 def make_base_app(secret: str, max_body_bytes: int) -> web.Application:
+    """An app with the error and auth middlewares and a body limit (413 past it). Bodies
+    are taken as sent, never decompressed: the signed checksum is over those bytes, and
+    a small compressed body cannot grow past the limit in memory."""
     app = web.Application(middlewares=[error_middleware, auth_middleware],
-                          client_max_size=max_body_bytes)
+                          client_max_size=max_body_bytes,
+                          handler_args={"auto_decompress": False})
     app[SECRET_KEY] = secret
     return app
 
@@ -78,17 +141,222 @@ def secret_from_env() -> str:
     return secret
 
 
-def run(app: web.Application, host: str, port: int, reuse_port: bool = False) -> None:
-    """Serve on uvloop until SIGTERM or SIGINT (reuse_port: several processes share it).
+def run(app: web.Application, host: str, port: int, reuse_port: bool = False,
+        max_connections: int | None = None) -> None:
+    """Serve on uvloop until SIGTERM or SIGINT (reuse_port: several processes share it),
+    with at most `max_connections` open connections (default $ECSTORE_MAX_CONNECTIONS,
+    else DEFAULT_MAX_CONNECTIONS); past it a new connection gets a 503 (ConnectionCap).
     (uvloop cannot sendfile; asyncio's loop can, but serves small requests slower: measured,
     uvloop plus one unverified read per fragment GET was the better trade.)"""
     import uvloop
 
     logging.basicConfig(level=os.environ.get("ECSTORE_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    limit = max_connections_from_env() if max_connections is None else max_connections
+    if limit < 1:
+        raise ValueError(f"max_connections must be at least 1, got {limit}")
+    _ensure_fd_limit(limit)
+    _return_large_buffers()
     uvloop.install()
-    web.run_app(app, host=host, port=port, print=None, access_log=None,
-                handle_signals=True, reuse_port=reuse_port or None)
+    asyncio.run(_serve(app, host, port, reuse_port, limit))
+
+
+M_MMAP_THRESHOLD = -3           # glibc mallopt parameter
+MMAP_THRESHOLD_BYTES = 128 * 1024
+
+
+def _return_large_buffers() -> None:
+    """Make glibc serve every allocation of 128 KiB or more (segments, fragments, request
+    bodies) with its own mmap, given back to the system when freed. By default glibc
+    raises that threshold after the first large frees and then keeps freed 4 MiB buffers
+    in its heaps: a gateway flooded with 64 large puts stayed near 1 GiB after its slots
+    (64 MiB of segments) were free again. No-op off glibc."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    except (OSError, AttributeError):
+        pass
+
+
+async def _serve(app: web.Application, host: str, port: int, reuse_port: bool,
+                 max_connections: int) -> None:
+    """aiohttp's run_app, but listening through a ConnectionCap. Shutdown as run_app's:
+    stop listening, close idle connections, give requests in flight SHUTDOWN_TIMEOUT_S."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    runner = web.AppRunner(
+        app, access_log=None, logger=HttpLog(logging.getLogger("aiohttp.server")),
+        shutdown_timeout=SHUTDOWN_TIMEOUT_S, keepalive_timeout=KEEPALIVE_TIMEOUT_S,
+        max_line_size=MAX_REQUEST_LINE_BYTES, max_field_size=MAX_HEADER_FIELD_BYTES,
+        max_headers=MAX_HEADERS)
+    await runner.setup()
+    listener: asyncio.AbstractServer | None = None
+    try:
+        assert runner.server is not None
+        listener = await loop.create_server(
+            ConnectionCap(runner.server, max_connections), host, port,
+            backlog=LISTEN_BACKLOG, reuse_port=reuse_port or None)
+        await stop.wait()
+    finally:
+        if listener is not None:
+            listener.close()
+        await runner.cleanup()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+class HttpLog(logging.LoggerAdapter):
+    """aiohttp's request-handler logger, but a request aiohttp could not parse (the
+    client's mistake: answered 400 with the reason, or a body nobody read) is one debug
+    line, not an ERROR with a traceback: garbage from the network must not fill the log."""
+
+    def exception(self, msg: object, *args: object, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info")
+        if isinstance(exc, (HttpProcessingError, web.RequestPayloadError)):
+            self.debug("%s: %s", str(msg) % args if args else msg, " ".join(str(exc).split()))
+            return
+        super().exception(msg, *args, **kwargs)
+
+
+def max_connections_from_env() -> int:
+    """$ECSTORE_MAX_CONNECTIONS, a positive integer, else DEFAULT_MAX_CONNECTIONS."""
+    text = os.environ.get(MAX_CONNECTIONS_ENV, "").strip()
+    if not text:
+        return DEFAULT_MAX_CONNECTIONS
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise SystemExit(f"{MAX_CONNECTIONS_ENV} must be a positive integer, got {text!r}")
+    return value
+
+
+def _ensure_fd_limit(max_connections: int) -> None:
+    """Raise the soft open-files limit so the cap, not EMFILE, is what a flood meets."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = max_connections + FD_RESERVE
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return
+    new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+    if new < want:
+        log.warning("open files limit %d is below %s=%d plus %d: connections may fail with "
+                    "EMFILE before the cap", hard, MAX_CONNECTIONS_ENV, max_connections,
+                    FD_RESERVE)
+
+
+ProtocolFactory = Callable[[], asyncio.Protocol]
+
+
+class ConnectionCap:
+    """A protocol factory that lets at most `limit` connections be open at once.
+
+    Past the limit, a new connection never reaches aiohttp or the app: it gets a fixed
+    `503 Service Unavailable` (JSON `unavailable` body, `Retry-After: 1`,
+    `Connection: close`), its request is read and dropped for up to REFUSAL_LINGER_S
+    (closing with unread input would reset the connection before the client read the
+    503), and it is closed. A slot is taken when the connection is accepted, not when
+    its first byte arrives, so a burst of accepts cannot overshoot the limit.
+    """
+
+    def __init__(self, factory: ProtocolFactory, limit: int) -> None:
+        self.factory, self.limit = factory, limit
+        self.open = 0          # admitted connections not yet lost
+        self.refusing = 0      # refused connections still lingering
+        self.reply = refusal_reply(limit)
+        self._refused_since_log = 0
+        self._last_log = -math.inf
+
+    def __call__(self) -> asyncio.BaseProtocol:
+        if self.open >= self.limit:
+            self._log_refusal()
+            return _Refusal(self)
+        self.open += 1
+        return _Admitted(self, self.factory())
+
+    def _log_refusal(self) -> None:
+        self._refused_since_log += 1
+        now = time.monotonic()
+        if now - self._last_log >= REFUSAL_LOG_INTERVAL_S:
+            log.warning("refused %d connection(s) with 503: %d open, the limit (%s)",
+                        self._refused_since_log, self.open, MAX_CONNECTIONS_ENV)
+            self._refused_since_log, self._last_log = 0, now
+
+
+def refusal_reply(limit: int) -> bytes:
+    """The whole HTTP answer to a connection over the cap."""
+    body = json.dumps(Unavailable(f"too many open connections (at most {limit})",
+                                  max_connections=limit).to_body()).encode()
+    head = ("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n")
+    return head.encode() + body
+
+
+class _Admitted(asyncio.Protocol):
+    """Passes every event to aiohttp's protocol; gives the slot back when the connection
+    is lost (or, if it never connected, when this object is collected)."""
+
+    def __init__(self, cap: ConnectionCap, inner: asyncio.Protocol) -> None:
+        self.cap, self.inner = cap, inner
+        self.held = True
+
+    def _release(self) -> None:
+        if self.held:
+            self.held = False
+            self.cap.open -= 1
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._release()
+        self.inner.connection_lost(exc)
+
+    def __del__(self) -> None:
+        self._release()
+
+
+class _Refusal(asyncio.Protocol):
+    def __init__(self, cap: ConnectionCap) -> None:
+        self.cap = cap
+        self.timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, base: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, base)   # uvloop's are not asyncio subclasses
+        self.cap.refusing += 1
+        transport.write(self.cap.reply)
+        if self.cap.refusing > MAX_LINGERING_REFUSALS or not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()  # the answer is complete; keep reading until the client closes
+        self.timer = asyncio.get_running_loop().call_later(REFUSAL_LINGER_S, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        pass  # the request of a refused connection is dropped unread
+
+    def eof_received(self) -> bool:
+        return False  # the client is done: close
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.cap.refusing -= 1
+        if self.timer is not None:
+            self.timer.cancel()
 
 
 async def verified_body(request: web.Request) -> bytes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import time
 from collections.abc import Mapping
 
@@ -45,9 +46,12 @@ def verify(secret: str, method: str, path_qs: str, headers: Mapping[str, str],
         ts_s = float(ts)
     except ValueError:
         return "bad signature date"
-    if abs(now_s - ts_s) > MAX_CLOCK_SKEW_S:
+    if not math.isfinite(ts_s) or abs(now_s - ts_s) > MAX_CLOCK_SKEW_S:
         return "stale signature date"
-    expected = signature(secret, method, path_qs, ts, checksum)
-    if not hmac.compare_digest(expected, sig):
+    try:
+        expected = signature(secret, method, path_qs, ts, checksum)
+    except UnicodeEncodeError:  # bytes that are not UTF-8 in the path or a header
+        return "malformed request target or signature headers"
+    if not hmac.compare_digest(expected.encode(), sig.encode("utf-8", "surrogatepass")):
         return "signature does not match"
     return None

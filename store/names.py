@@ -21,6 +21,8 @@ def check_bucket_name(name: str, system_ok: bool = False) -> str:
 
     With system_ok, the internal namespaces (SYSTEM_BUCKETS) are accepted too.
     """
+    if not isinstance(name, str):   # from a decoded body: any msgpack value
+        raise BadRequest("bucket name must be a string")
     if system_ok and name in SYSTEM_BUCKETS:
         return name
     if (not BUCKET_RE.match(name) or ".." in name or re.match(r"^\d+\.\d+\.\d+\.\d+$", name)
@@ -32,6 +34,8 @@ def check_bucket_name(name: str, system_ok: bool = False) -> str:
 
 def check_key(key: str) -> str:
     """Return key if valid: 1-1024 UTF-8 bytes, no NUL."""
+    if not isinstance(key, str):   # from a decoded body: any msgpack value
+        raise BadRequest("object key must be a string")
     if not key:
         raise BadRequest("object key must not be empty")
     if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:

@@ -1,0 +1,60 @@
+"""HTTP/1.1 over a raw socket, for tests that must send what no client library would:
+bytes that are not UTF-8 in the request target, garbage headers, bodies cut short,
+broken chunking. Every exchange has a timeout: a node that hangs fails the test."""
+from __future__ import annotations
+
+import hashlib
+import http.client
+import socket
+from dataclasses import dataclass, field
+
+from store.auth import sign_headers
+
+TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What came back; status None when the node closed without answering."""
+
+    status: int | None
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+
+
+def signed(secret: str, method: str, target: bytes, body: bytes = b"") -> list[tuple[str, bytes]]:
+    """The cluster-secret signing headers for a request (target must be UTF-8)."""
+    hdrs = sign_headers(secret, method, target.decode(), hashlib.sha256(body).hexdigest())
+    return [(k, v.encode()) for k, v in hdrs.items()]
+
+
+def head_bytes(method: str, target: bytes, port: int, headers: list[tuple[str, bytes]]) -> bytes:
+    lines = [method.encode() + b" " + target + b" HTTP/1.1", f"Host: 127.0.0.1:{port}".encode()]
+    lines += [name.encode("latin-1") + b": " + value for name, value in headers]
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+def exchange(port: int, method: str, data: bytes, *, cut: str = "",
+             timeout_s: float = TIMEOUT_S) -> Answer:
+    """Send `data` (head and body) on a new connection and read one answer.
+
+    cut="close": close right after sending, read nothing (a client that vanished).
+    cut="half": shut our sending side after the data, then read (a body cut short).
+    A socket timeout propagates: a node must answer or close in time.
+    """
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
+        try:
+            s.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the node answered (and closed) before taking everything: read it
+        if cut == "close":
+            return Answer(None)
+        if cut == "half":
+            s.shutdown(socket.SHUT_WR)
+        resp = http.client.HTTPResponse(s, method=method)
+        try:
+            resp.begin()
+            body = resp.read()
+        except (http.client.RemoteDisconnected, http.client.IncompleteRead, ConnectionResetError):
+            return Answer(None)
+        return Answer(resp.status, {k.lower(): v for k, v in resp.getheaders()}, body)
