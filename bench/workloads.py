@@ -431,7 +431,9 @@ def check_stream(got: int, size: int, sha: str, expect: str) -> int:
 # object, as the library keeps up to 4 segments of 4 MiB in flight per put.
 TRANSFER = dict(multipart_threshold=8 * MiB, multipart_chunksize=8 * MiB, max_concurrency=4,
                 preferred_transfer_client="classic")
-S3_CLIENT = dict(max_pool_connections=64, connect_timeout=10, read_timeout=120,
+# connect_timeout: urllib3 applies it to every send of a body too, and a gateway that
+# pushes back (its segment slots are full) makes sends wait: 10 s failed puts under load
+S3_CLIENT = dict(max_pool_connections=64, connect_timeout=60, read_timeout=120,
                  retries={"total_max_attempts": 1})     # a failure is counted, not retried
 
 

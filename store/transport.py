@@ -59,7 +59,9 @@ class Transport:
         hdrs = sign_headers(self.secret, method, path_qs, checksum)
         if headers:
             hdrs.update(headers)
-        timeout = aiohttp.ClientTimeout(total=timeout_s, connect=CONNECT_TIMEOUT_S)
+        # sock_connect, not connect: a wait for a pooled connection is the client's own
+        # queue, not a sign of a dead node (it counts against `total` only)
+        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=CONNECT_TIMEOUT_S)
         try:
             async with self.session.request(method, URL(base_url + path_qs, encoded=True), data=body or None,
                                             headers=hdrs, timeout=timeout) as resp:
