@@ -44,6 +44,7 @@ class SegmentCache:
         for d in (self.data, self.locks, self.tmp):
             d.mkdir(parents=True, exist_ok=True)
         self._mutex = threading.Lock()
+        self._evicting = threading.Lock()  # one eviction at a time: two would both delete
         self.bytes = sum(e.stat().st_size for e in os.scandir(self.data) if e.is_file())
         self.hits = self.misses = self.corrupt = self.evicted = 0
 
@@ -106,6 +107,10 @@ class SegmentCache:
     def evict(self, target: int) -> None:
         """Delete least recently used files until at most `target` bytes stay (every
         process's files count: the directory is scanned)."""
+        with self._evicting:
+            self._evict(target)
+
+    def _evict(self, target: int) -> None:
         entries = []
         for e in os.scandir(self.data):
             try:
