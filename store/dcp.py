@@ -281,7 +281,21 @@ class _ShardPlan:
     object_prefix: str          # "__<rank>_"
 
 
-class EcstoreWriter(_Connected, StorageWriter):
+class _Storage(_Connected):
+    """What the writer and the reader share: the checkpoint id is the generation's URL."""
+
+    generation: str | None
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self.url(self.generation)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return str(checkpoint_id).startswith("ecstore://")
+
+
+class EcstoreWriter(_Storage, StorageWriter):
     """A DCP StorageWriter that saves to BUCKET/PREFIX/GENERATION/ on ecstore.
 
     Every rank builds its own (its own connection); generation=None lets the coordinator
@@ -315,14 +329,6 @@ class EcstoreWriter(_Connected, StorageWriter):
             self._fixed = self._parse_id(checkpoint_id)
         self.generation = self._fixed
         self.save_id = str(uuid.uuid4())
-
-    @property
-    def checkpoint_id(self) -> str:
-        return self.url(self.generation)
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
-        return str(checkpoint_id).startswith("ecstore://")
 
     def storage_meta(self) -> StorageMeta | None:
         return StorageMeta(checkpoint_id=self.checkpoint_id, save_id=self.save_id)
@@ -528,7 +534,7 @@ class ReadStats:
     bytes_needed: int = 0
 
 
-class EcstoreReader(_Connected, StorageReader):
+class EcstoreReader(_Storage, StorageReader):
     """A DCP StorageReader for BUCKET/PREFIX/GENERATION/ (generation=None: the one `latest`
     names, read again at every load). Each rank reads only the byte ranges of the items its
     plan needs, coalescing neighbours (max_gap_bytes apart, up to max_range_bytes), with
@@ -553,14 +559,6 @@ class EcstoreReader(_Connected, StorageReader):
             self._fixed = self._parse_id(checkpoint_id)
         self.generation = self._fixed
         self.load_id = str(uuid.uuid4())
-
-    @property
-    def checkpoint_id(self) -> str:
-        return self.url(self.generation)
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
-        return str(checkpoint_id).startswith("ecstore://")
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:

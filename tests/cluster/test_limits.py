@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +28,7 @@ from store.client import MAX_USER_META_BYTES, SyncClient
 from store.errors import BadRequest
 from store.names import MAX_KEY_BYTES
 from store.wire import FRAGMENT_META_HEADER, MAX_META_HEADER_BYTES, MAX_RECORD_BYTES, pack
+from tests.cluster.conftest import wait_for
 from tests.cluster.rawhttp import Answer, exchange, head_bytes, signed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +64,7 @@ def storage_node(max_connections: int) -> Iterator[Node]:
             start_new_session=True)
     node = Node(port, proc, log)
     try:
-        wait_until(lambda: proc.poll() is not None or health(node) == 200, START_TIMEOUT_S,
+        wait_for(lambda: proc.poll() is not None or health(node) == 200, START_TIMEOUT_S,
                    "the node to start")
         assert proc.poll() is None, log.read_text()[-3000:]
         yield node
@@ -80,15 +81,6 @@ def capped() -> Iterator[Node]:
         yield node
         text = node.log.read_text(errors="replace")
     assert "Traceback" not in text and " ERROR " not in text, text[-3000:]
-
-
-def wait_until(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def health(node: Node) -> int | None:
@@ -150,7 +142,7 @@ def test_past_the_connection_cap_a_node_answers_503_and_then_serves_again(capped
     finally:
         for s in held:
             s.close()
-    wait_until(lambda: health(capped) == 200, SETTLE_TIMEOUT_S, "service after the close")
+    wait_for(lambda: health(capped) == 200, SETTLE_TIMEOUT_S, "service after the close")
     target = b"/v1/fragments/refused.0.0"
     got = exchange(capped.port, "HEAD", head_bytes("HEAD", target, capped.port,
                                                    signed(SECRET, "HEAD", target)))
@@ -160,7 +152,7 @@ def test_past_the_connection_cap_a_node_answers_503_and_then_serves_again(capped
 def test_a_burst_of_connections_never_admits_more_than_the_cap(capped: Node) -> None:
     """3x the cap at once, no request sent: the node must answer exactly 2x the cap with
     503 on its own (the admitted ones wait for a request), then serve the rest."""
-    wait_until(lambda: health(capped) == 200, SETTLE_TIMEOUT_S, "an idle node")
+    wait_for(lambda: health(capped) == 200, SETTLE_TIMEOUT_S, "an idle node")
     time.sleep(0.2)   # the health checks' own connections are gone
     conns = [socket.create_connection(("127.0.0.1", capped.port), timeout=5) for _ in range(3 * CAP)]
     try:
