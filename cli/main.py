@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -16,11 +17,14 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 
-from store.client import Client, ObjectInfo
+from store.client import Client, ObjectInfo, new_version_id
 from store.cluster import ClusterInfo
 from store.errors import BadRequest, EcstoreError
+from store.names import OPS_BUCKET, WORKER_OPS
 
 PROGRESS_MIN_BYTES = 8 * 1024 * 1024
+OPS_PUBLISH_INTERVAL_S = 2.0   # a worker's progress record is written this often
+OPS_FINAL_TIMEOUT_S = 5.0      # longest wait for the last one when the worker is done
 READ_CHUNK_BYTES = 1024 * 1024
 out = Console()
 err = Console(stderr=True)
@@ -337,14 +341,64 @@ async def cmd_rm(c: Client, a: argparse.Namespace) -> int:
 
 
 async def drive(worker: Any, label: str, status: Callable[[], str], show: bool,
-                total: int | None = None) -> None:
-    """Step a worker (repair, rebalance, gc) to its end, with a progress bar on a terminal."""
+                total: int | None = None, op: str | None = None) -> None:
+    """Step a worker (repair, rebalance, gc, tier) to its end, with a progress bar on a
+    terminal, and publish its progress for the control nodes' /metrics (OpsProgress;
+    `op` defaults to the label's first word, "tiering" is "tier"; not for a dry run)."""
     total = worker.remaining if total is None else total
+    op = op or {"tiering": "tier"}.get(label.split()[0], label.split()[0])
+    report = None if getattr(worker, "dry_run", False) else OpsProgress(worker.c, op)
     with Progress("{task.description}", BarColumn(), "{task.completed}/{task.total}",
                   console=err, transient=True, disable=not show) as progress:
         task = progress.add_task(label, total=total)
+        if report is not None:
+            report.tick(0, total)
         while await worker.step():
             progress.update(task, completed=total - worker.remaining, description=status())
+            if report is not None:
+                report.tick(total - worker.remaining, worker.remaining)
+    if report is not None:
+        await report.finish(total - worker.remaining, worker.remaining)
+
+
+class OpsProgress:
+    """A CLI worker's progress, written every OPS_PUBLISH_INTERVAL_S as the record
+    {"op", "done", "remaining", "rate_per_s", "updated"} at key `op` of the "_ops"
+    namespace; the control nodes holding it export it as ecstore_op_* gauges. Best
+    effort: a write runs in the background and a failed one is skipped, so it never
+    slows or fails the worker."""
+
+    def __init__(self, c: Client, op: str) -> None:
+        assert op in WORKER_OPS, op
+        self.c, self.op = c, op
+        self.started = self.last_at = time.monotonic()
+        self.last_done = 0
+        self.next_at = 0.0
+        self.pending: asyncio.Future[None] | None = None
+
+    def tick(self, done: int, remaining: int) -> None:
+        now = time.monotonic()
+        if now < self.next_at or (self.pending is not None and not self.pending.done()):
+            return
+        rate = (done - self.last_done) / (now - self.last_at) if now > self.last_at else 0.0
+        self.last_done, self.last_at, self.next_at = done, now, now + OPS_PUBLISH_INTERVAL_S
+        self.pending = asyncio.ensure_future(self._publish(done, remaining, rate))
+
+    async def finish(self, done: int, remaining: int) -> None:
+        """The last record (the whole run's rate), waited for a few seconds at most."""
+        if self.pending is not None:
+            await asyncio.wait([self.pending], timeout=OPS_FINAL_TIMEOUT_S)
+        elapsed = time.monotonic() - self.started
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._publish(done, remaining, done / elapsed if elapsed else 0.0),
+                                   OPS_FINAL_TIMEOUT_S)
+
+    async def _publish(self, done: int, remaining: int, rate: float) -> None:
+        record = {"ts": time.time_ns(), "version_id": new_version_id(), "deleted": False,
+                  "op": self.op, "done": done, "remaining": remaining,
+                  "rate_per_s": round(rate, 3), "updated": time.time()}
+        with contextlib.suppress(EcstoreError):
+            await self.c.commit(OPS_BUCKET, self.op, record)
 
 
 def report_table(title: str, rows: list[tuple[str, object]], errors: list[str]) -> None:

@@ -1,6 +1,7 @@
 """Control node: metadata records, buckets and the cluster map over HTTP (msgpack bodies).
 
-Routes (all signed except /v1/health), see docs/PROTOCOL.md.
+Routes (all signed except /v1/health; /metrics also takes a bearer token), see
+docs/PROTOCOL.md and docs/OBSERVABILITY.md.
 """
 from __future__ import annotations
 
@@ -14,10 +15,19 @@ from typing import Any
 from aiohttp import web
 
 from node.metadb import MetaDB, access_key, bucket_key, object_key
-from node.server import make_base_app, node_arg_parser, query_int, run, secret_from_env, verified_body
+from node.metrics import Families, ObservabilityConfig, gauge, observability_config
+from node.server import (
+    OBSERVER,
+    make_base_app,
+    node_arg_parser,
+    query_int,
+    run,
+    secret_from_env,
+    verified_body,
+)
 from placement.cluster_map import ClusterMap
 from store.errors import BadRequest, Conflict, NotFound
-from store.names import check_bucket_name, check_key
+from store.names import OPS_BUCKET, WORKER_OPS, check_bucket_name, check_key
 from store.wire import MAX_RECORD_BYTES, pack, unpack
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -33,6 +43,7 @@ class ControlConfig:
     host: str = "127.0.0.1"
     port: int = 0
     fsync: bool = True
+    observability: ObservabilityConfig = ObservabilityConfig()
 
 
 DB = web.AppKey("db", MetaDB)
@@ -250,9 +261,58 @@ async def health(request: web.Request) -> web.Response:
                               "ok": True, "time": time.time()})
 
 
+class MapEpoch:
+    """The epoch of the map a node holds, decoded again only when the map changed."""
+
+    def __init__(self) -> None:
+        self._held: bytes | None = None
+        self._epoch = 0
+
+    def of(self, held: bytes | None) -> int:
+        if held is None:
+            return 0
+        if held != self._held:
+            self._held, self._epoch = held, ClusterMap.from_bytes(held).epoch
+        return self._epoch
+
+
+OP_GAUGES = (("done", "ecstore_op_done", "Items (objects; gc: fragments and tombstones) "
+              "the last run of a CLI worker had done when it last reported."),
+             ("remaining", "ecstore_op_remaining", "Items that run still had to do."),
+             ("rate_per_s", "ecstore_op_rate_per_second", "Items per second over its last "
+              "report interval."),
+             ("updated", "ecstore_op_last_update_timestamp_seconds", "When it last reported "
+              "(unix time)."))
+
+
+def control_metrics(app: web.Application, epoch: MapEpoch) -> Families:
+    """The held map's epoch, the database's size, and the progress records of the CLI's
+    workers (repair, rebalance, gc, tier) that this node holds a replica of."""
+    db = app.get(DB)
+    if db is None:  # not open yet
+        return
+    yield gauge("ecstore_map_epoch", "Epoch of the cluster map this node holds (0: none).",
+                epoch.of(db.get_map()))
+    yield gauge("ecstore_control_db_bytes", "Bytes of this node's metadata database files.",
+                _dir_bytes(app[CONFIG].data_dir))
+    base = object_key(OPS_BUCKET, "")
+    rows, _ = db.scan(base, b"", len(WORKER_OPS) + 16)
+    records = {k[len(base):].decode(): r for k, r in rows if not r.get("deleted")}
+    for field, name, doc in OP_GAUGES:
+        fam = gauge(name, doc, None, {"op": ""})
+        for op in WORKER_OPS:  # only these: the label set stays bounded
+            value = records.get(op, {}).get(field)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                fam.add_metric([op], value)
+        yield fam
+
+
 def make_app(config: ControlConfig) -> web.Application:
-    app = make_base_app(config.secret, MAX_BODY_BYTES)
+    app = make_base_app(config.secret, MAX_BODY_BYTES, config.node_id, "control",
+                        config.observability)
     app[CONFIG] = config
+    epoch = MapEpoch()
+    app[OBSERVER].add_collector(lambda: control_metrics(app, epoch))
 
     async def open_db(app: web.Application) -> AsyncIterator[None]:
         app[DB] = MetaDB(config.data_dir / "db", config.fsync)
@@ -283,7 +343,8 @@ def make_app(config: ControlConfig) -> web.Application:
 def main(argv: list[str] | None = None) -> None:
     p = node_arg_parser("control")
     a = p.parse_args(argv)
-    cfg = ControlConfig(a.id, a.data, secret_from_env(), a.host, a.port, not a.no_fsync)
+    cfg = ControlConfig(a.id, a.data, secret_from_env(), a.host, a.port, not a.no_fsync,
+                        observability_config(a))
     run(make_app(cfg), cfg.host, cfg.port)
 
 

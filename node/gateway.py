@@ -3,7 +3,8 @@
 One dispatcher routes each request by path (/, /bucket, /bucket/key) and subresource
 (?uploads, ?acl, ...) to a handler in node.s3; a middleware authenticates (AWS SigV4,
 header or presigned) and turns every error into S3's XML error answer. The gateway's
-own health check is GET /_ecstore/health (no bucket name can start with "_").
+own health check is GET /_ecstore/health (no bucket name can start with "_"), its metrics
+GET /_ecstore/metrics (and GET /metrics, see metrics_or_s3; docs/OBSERVABILITY.md).
 """
 from __future__ import annotations
 
@@ -19,12 +20,24 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from node import ui
+from node.metrics import (
+    OP,
+    REQUEST_ID,
+    ObservabilityConfig,
+    Observer,
+    add_observability_args,
+    client_metrics,
+    observability_config,
+    observability_from_argv,
+    op_name,
+)
 from node.s3 import buckets, objects, uploads
 from node.s3.context import DEFAULT_SEGMENT_SLOTS, Gateway, GatewayConfig, S3Ctx
 from node.s3.errors import S3Error, access_denied
 from node.s3.sigv2 import access_key_v2, authenticate_v2, is_v2
 from node.s3.sigv4 import AuthResult, authenticate
-from node.server import run
+from node.server import OBSERVER, install_observer, metrics, run
 from store.client import Client
 from store.cluster import ClusterInfo
 from store.errors import BadRequest, Conflict, EcstoreError, NotFound, RangeNotSatisfiable, TooLarge, Unavailable
@@ -32,6 +45,7 @@ from store.names import MAX_KEY_BYTES
 
 log = logging.getLogger("ecstore.gateway")
 HEALTH_PATH = "/_ecstore/health"
+METRICS_PATH = "/_ecstore/metrics"   # also GET /metrics, unless an S3 request (metrics_or_s3)
 GATEWAY = web.AppKey("gateway", Gateway)
 Handler = Callable[[S3Ctx], Awaitable[web.StreamResponse]]
 _CREDENTIAL = re.compile(r"Credential=([^/,\s]+)/")
@@ -143,7 +157,7 @@ def to_s3_error(exc: EcstoreError, key: str) -> S3Error:
 async def dispatch(request: web.Request) -> web.StreamResponse:
     gw = request.app[GATEWAY]
     bucket, key = split_path(request.path)
-    ctx = S3Ctx(request, gw, bucket, key, None, None)
+    ctx = S3Ctx(request, gw, bucket, key, None, None, request[REQUEST_ID])  # node.server's id
     try:
         user, auth = await _authenticate(request, gw)
         ctx.user, ctx.auth = user, auth
@@ -151,6 +165,7 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
                                  and not (({"acl", "uploadId"} | UNSUPPORTED) & set(request.query))):
             raise access_denied()
         handler = route(request.method, ctx)
+        request[OP] = op_name(handler, request.method)  # the metrics' and log's operation
         if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
             raise S3Error("KeyTooLongError", "Your key is too long")
         resp = await handler(ctx)
@@ -178,10 +193,24 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"ok": True, "node": gw.config.node_id, "epoch": cmap.epoch})
 
 
-def make_app(config: GatewayConfig) -> web.Application:
+async def metrics_or_s3(request: web.Request) -> web.StreamResponse:
+    """GET /metrics: the gateway's metrics, unless it is S3's (a bucket may be named
+    "metrics"): signed for S3 or with a query. /_ecstore/metrics is never S3's."""
+    auth = request.headers.get("Authorization", "bearer")
+    if request.query_string or not auth.lower().startswith("bearer"):
+        return await dispatch(request)
+    return await metrics(request)
+
+
+def make_app(config: GatewayConfig, observability: ObservabilityConfig | None = None
+             ) -> web.Application:
     config.check()
     app = web.Application(handler_args={"auto_decompress": False},  # bodies are stored as sent
                           client_max_size=1024 ** 2)
+    install_observer(app, Observer(config.node_id, "gateway", config.secret,
+                                   observability or observability_config()),
+                     id_header="x-amz-request-id")  # on every answer, streamed ones too
+    app[OBSERVER].add_collector(lambda: client_metrics(app[GATEWAY].client if GATEWAY in app else None))
 
     async def lifecycle(app: web.Application):  # type: ignore[no-untyped-def]
         client = Client(ClusterInfo(config.control, config.secret))
@@ -192,6 +221,9 @@ def make_app(config: GatewayConfig) -> web.Application:
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_get(HEALTH_PATH, health)
+    app.router.add_get(METRICS_PATH, metrics)
+    app.router.add_get("/metrics", metrics_or_s3, allow_head=False)
+    ui.setup(app, GATEWAY, _authenticate)  # GET /ui, /ui/status.json: the status page
     app.router.add_route("*", "/{tail:.*}", dispatch)
     return app
 
@@ -209,6 +241,7 @@ def config_from_args(argv: list[str] | None = None) -> GatewayConfig:
     p.add_argument("--segment-slots", type=int,
                    default=int(os.environ.get("ECSTORE_GATEWAY_SEGMENT_SLOTS", DEFAULT_SEGMENT_SLOTS)),
                    help="segments held in memory across all requests (the memory bound)")
+    add_observability_args(p)  # read by observability_from_argv
     a = p.parse_args(argv)
     config = GatewayConfig(
         node_id=a.id, control=tuple(u.strip() for u in a.control.split(",") if u.strip()),
@@ -228,10 +261,11 @@ def main(argv: list[str] | None = None) -> None:
     hashing and encoding use every core. The first process serves too and forwards
     SIGTERM/SIGINT to the others; they exit when it is gone (a SIGKILL included)."""
     config = config_from_args(argv)
+    obs = observability_from_argv(argv)
     if config.workers == 1:
-        run(make_app(config), config.host, config.port)
+        run(make_app(config, obs), config.host, config.port)
         return
-    children = [_fork_worker(config) for _ in range(config.workers - 1)]
+    children = [_fork_worker(config, obs) for _ in range(config.workers - 1)]
 
     def stop(signum: int, _frame: object) -> None:
         for pid in children:
@@ -239,16 +273,16 @@ def main(argv: list[str] | None = None) -> None:
                 os.kill(pid, signal.SIGTERM)
         raise SystemExit(0)
     signal.signal(signal.SIGTERM, stop)
-    run(make_app(config), config.host, config.port, reuse_port=True)
+    run(make_app(config, obs), config.host, config.port, reuse_port=True)
     stop(signal.SIGTERM, None)
 
 
-def _fork_worker(config: GatewayConfig) -> int:
+def _fork_worker(config: GatewayConfig, obs: ObservabilityConfig) -> int:
     parent = os.getpid()
     pid = os.fork()
     if pid:
         return pid
-    app = make_app(config)
+    app = make_app(config, obs)
 
     async def orphan_watch(app: web.Application):  # type: ignore[no-untyped-def]
         async def watch() -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from node.fragments import FragmentStore, parse_fragment
+from node.logs import log_step
 from store.errors import Corrupt, NotFound
 
 log = logging.getLogger("ecstore.scrub")
@@ -54,6 +55,7 @@ class ScrubStats:
         self._lock = threading.Lock()
         self.last_pass_completed_at: float | None = None  # unix seconds
         self.fragments_checked_total = 0
+        self.bytes_checked_total = 0
         self.corrupt_found_total = 0
         self.passes_running = 0
 
@@ -64,6 +66,7 @@ class ScrubStats:
     def record(self, r: StepResult) -> None:
         with self._lock:
             self.fragments_checked_total += r.checked
+            self.bytes_checked_total += r.bytes_checked
             self.corrupt_found_total += len(r.corrupt)
             if r.pass_complete:
                 self.passes_running -= 1
@@ -183,6 +186,9 @@ async def scrub_loop(scrubber: Scrubber, rate_mb_s: float, pass_interval_s: floa
                 log.exception("scrub step failed")
                 await asyncio.sleep(SCRUB_ERROR_PAUSE_S)
                 continue
+            if r.checked or r.corrupt:  # an idle step (nothing stored) is not worth a line
+                log_step("scrub", started, checked=r.checked, bytes_checked=r.bytes_checked,
+                         corrupt=len(r.corrupt), pass_complete=r.pass_complete)
             pause = max(SCRUB_MIN_PAUSE_S,
                         pacing_pause_s(r.bytes_checked, time.monotonic() - started, rate))
             if r.pass_complete:

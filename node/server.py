@@ -1,5 +1,6 @@
-"""Plumbing shared by every server role: errors to statuses, authentication, running
-(with a cap on open connections per process, see ConnectionCap)."""
+"""Plumbing shared by every server role: errors to statuses, authentication, metrics and
+request logs (node.metrics, node.logs), running (with a cap on open connections per
+process, see ConnectionCap)."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +9,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import hashlib
+import hmac
 import json
 import logging
 import math
@@ -23,13 +25,30 @@ from typing import Any, cast
 from aiohttp import web
 from aiohttp.http import HttpProcessingError
 
+from node.logs import configure_logging, log_format_from_env, request_log
+from node.metrics import (
+    CONTENT_TYPE,
+    METRICS_PATH,
+    OP,
+    REQUEST_ID,
+    STARTED,
+    UNMATCHED_OP,
+    ObservabilityConfig,
+    Observer,
+    access_log_class,
+    add_observability_args,
+    op_name,
+)
 from store.auth import CHECKSUM_HEADER, DATE_HEADER, SIGNATURE_HEADER, verify
 from store.errors import BadRequest, EcstoreError, Unauthorized, Unavailable
+from store.transport import REQUEST_ID_HEADER, REQUEST_ID_RE, new_request_id, request_id
 
 log = logging.getLogger("ecstore.node")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SECRET_KEY = web.AppKey("secret", str)
-UNAUTHENTICATED_PATHS = frozenset({"/v1/health"})
+OBSERVER = web.AppKey("observer", Observer)
+# /metrics checks its own access (metrics_refusal): a bearer token or public mode too
+UNAUTHENTICATED_PATHS = frozenset({"/v1/health", METRICS_PATH})
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 MAX_CONNECTIONS_ENV = "ECSTORE_MAX_CONNECTIONS"
@@ -89,6 +108,74 @@ def _http_to_error(exc: web.HTTPException) -> EcstoreError:
 
 
 @web.middleware
+async def observe_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Give the request its id (a peer's x-ecstore-request-id, else a new one) and its
+    operation name for the metrics and the log line (node.metrics.Observer.request_done).
+    The id is set in this request's task context: the client library sends it onward."""
+    request[STARTED] = time.perf_counter()
+    obs = request.app[OBSERVER]
+    rid = request.headers.get(REQUEST_ID_HEADER) if obs.trust_request_ids else None
+    if rid is None or not REQUEST_ID_RE.fullmatch(rid):
+        rid = new_request_id()
+    request[REQUEST_ID] = rid
+    request_id.set(rid)  # each request runs in a task of its own: nothing to reset
+    info = request.match_info
+    request[OP] = UNMATCHED_OP if info.http_exception is not None else op_name(
+        info.handler, request.method)
+    obs.in_flight += 1
+    try:
+        return await handler(request)
+    finally:
+        obs.in_flight -= 1
+
+
+def install_observer(app: web.Application, observer: Observer,
+                     id_header: str | None = None) -> None:
+    """Count and log `app`'s requests with `observer` (before any other middleware, so
+    it sees the final status); with `id_header`, every response carries the request id
+    in it (set as the headers go out: a streamed response sends them inside its handler).
+    Serving /metrics is the caller's route (metrics())."""
+    app[OBSERVER] = observer
+    app.middlewares.insert(0, observe_middleware)
+    if id_header is not None:
+        async def stamp(request: web.Request, response: web.StreamResponse) -> None:
+            rid = request.get(REQUEST_ID)
+            if rid is not None:
+                response.headers[id_header] = rid
+        app.on_response_prepare.append(stamp)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """GET /metrics: Prometheus' text format, for a request signed with the cluster secret,
+    one with the configured bearer token, or anyone in public mode; else 401 (answered
+    here, not raised: the gateway has no error middleware)."""
+    request[OP] = "metrics"
+    obs = request.app[OBSERVER]
+    reason = metrics_refusal(request, obs)
+    if reason is not None:
+        refused = json_error(Unauthorized(reason))
+        refused.headers["WWW-Authenticate"] = 'Bearer realm="ecstore metrics"'
+        return refused
+    body = await asyncio.get_running_loop().run_in_executor(None, obs.exposition)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+def metrics_refusal(request: web.Request, obs: Observer) -> str | None:
+    """Why this request may not read /metrics, or None if it may."""
+    if obs.config.metrics_public:
+        return None
+    auth = request.headers.get("Authorization", "")
+    if auth[:7].lower() == "bearer ":
+        token = obs.config.metrics_token
+        if not token:
+            return "bearer tokens are not enabled here (ECSTORE_METRICS_TOKEN)"
+        given = auth[7:].strip().encode("utf-8", "surrogatepass")
+        return None if hmac.compare_digest(given, token.encode()) else "wrong bearer token"
+    return malformed_signature(request) or verify(obs.secret, request.method, request.raw_path,
+                                                  request.headers, time.time())
+
+
+@web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Refuse any request not signed with the cluster secret."""
     if request.path not in UNAUTHENTICATED_PATHS:
@@ -123,14 +210,17 @@ def malformed_signature(request: web.Request) -> str | None:
     return None
 
 
-def make_base_app(secret: str, max_body_bytes: int) -> web.Application:
-    """An app with the error and auth middlewares and a body limit (413 past it). Bodies
-    are taken as sent, never decompressed: the signed checksum is over those bytes, and
-    a small compressed body cannot grow past the limit in memory."""
+def make_base_app(secret: str, max_body_bytes: int, node_id: str = "-", role: str = "node",
+                  observability: ObservabilityConfig | None = None) -> web.Application:
+    """An app with the observe, error and auth middlewares, GET /metrics, and a body limit
+    (413 past it). Bodies are taken as sent, never decompressed: the signed checksum is
+    over those bytes, and a small compressed body cannot grow past the limit in memory."""
     app = web.Application(middlewares=[error_middleware, auth_middleware],
                           client_max_size=max_body_bytes,
                           handler_args={"auto_decompress": False})
     app[SECRET_KEY] = secret
+    install_observer(app, Observer(node_id, role, secret, observability))
+    app.router.add_get(METRICS_PATH, metrics, allow_head=False)
     return app
 
 
@@ -150,15 +240,20 @@ def run(app: web.Application, host: str, port: int, reuse_port: bool = False,
     uvloop plus one unverified read per fragment GET was the better trade.)"""
     import uvloop
 
-    logging.basicConfig(level=os.environ.get("ECSTORE_LOG_LEVEL", "WARNING"),
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    obs = app.get(OBSERVER)
+    configure_logging(obs.node_id if obs else "-",
+                      obs.config.log_format if obs else log_format_from_env())
     limit = max_connections_from_env() if max_connections is None else max_connections
     if limit < 1:
         raise ValueError(f"max_connections must be at least 1, got {limit}")
     _ensure_fd_limit(limit)
     _return_large_buffers()
     uvloop.install()
-    asyncio.run(_serve(app, host, port, reuse_port, limit))
+    try:
+        asyncio.run(_serve(app, host, port, reuse_port, limit))
+    finally:  # the log writes in batches; a forked gateway worker ends with os._exit
+        for handler in logging.getLogger().handlers:
+            handler.flush()
 
 
 M_MMAP_THRESHOLD = -3           # glibc mallopt parameter
@@ -186,8 +281,12 @@ async def _serve(app: web.Application, host: str, port: int, reuse_port: bool,
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    obs = app.get(OBSERVER)
+    # the access log hook counts and logs each request once its response is written
     runner = web.AppRunner(
-        app, access_log=None, logger=HttpLog(logging.getLogger("aiohttp.server")),
+        app, access_log=request_log if obs else None,
+        access_log_class=access_log_class(obs) if obs else web.AccessLogger,
+        logger=HttpLog(logging.getLogger("aiohttp.server")),
         shutdown_timeout=SHUTDOWN_TIMEOUT_S, keepalive_timeout=KEEPALIVE_TIMEOUT_S,
         max_line_size=MAX_REQUEST_LINE_BYTES, max_field_size=MAX_HEADER_FIELD_BYTES,
         max_headers=MAX_HEADERS)
@@ -195,8 +294,11 @@ async def _serve(app: web.Application, host: str, port: int, reuse_port: bool,
     listener: asyncio.AbstractServer | None = None
     try:
         assert runner.server is not None
+        cap = ConnectionCap(runner.server, max_connections)
+        if obs is not None:
+            obs.cap = cap
         listener = await loop.create_server(
-            ConnectionCap(runner.server, max_connections), host, port,
+            cap, host, port,
             backlog=LISTEN_BACKLOG, reuse_port=reuse_port or None)
         await stop.wait()
     finally:
@@ -267,6 +369,7 @@ class ConnectionCap:
         self.factory, self.limit = factory, limit
         self.open = 0          # admitted connections not yet lost
         self.refusing = 0      # refused connections still lingering
+        self.refused_total = 0
         self.reply = refusal_reply(limit)
         self._refused_since_log = 0
         self._last_log = -math.inf
@@ -279,6 +382,7 @@ class ConnectionCap:
         return _Admitted(self, self.factory())
 
     def _log_refusal(self) -> None:
+        self.refused_total += 1
         self._refused_since_log += 1
         now = time.monotonic()
         if now - self._last_log >= REFUSAL_LOG_INTERVAL_S:
@@ -379,11 +483,13 @@ def query_int(request: web.Request, name: str, default: int, maximum: int) -> in
 
 
 def node_arg_parser(role: str) -> argparse.ArgumentParser:
-    """The flags every node role takes: --id, --data, --host, --port, --no-fsync."""
+    """The flags every node role takes: --id, --data, --host, --port, --no-fsync, and
+    --metrics-public, --log-format (node.metrics.observability_config reads them)."""
     p = argparse.ArgumentParser(prog=f"python -m node.{role}")
     p.add_argument("--id", required=True)
     p.add_argument("--data", required=True, type=Path)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--no-fsync", action="store_true")
+    add_observability_args(p)
     return p

@@ -1,6 +1,7 @@
 """Storage node: fragment put, get, head, delete, listing, status and scrub over HTTP.
 
-Routes (all signed with the cluster secret except /v1/health), see docs/PROTOCOL.md.
+Routes (all signed with the cluster secret except /v1/health; /metrics also takes a
+bearer token), see docs/PROTOCOL.md and docs/OBSERVABILITY.md.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from node.fragments import FragmentStore
+from node.metrics import Families, ObservabilityConfig, counter, gauge, observability_config
 from node.scrub import (
     DEFAULT_SCRUB_PASS_INTERVAL_S,
     DEFAULT_SCRUB_RATE_MB_S,
@@ -25,7 +27,7 @@ from node.scrub import (
     scrub_loop,
     scrub_now,
 )
-from node.server import make_base_app, node_arg_parser, query_int, run, secret_from_env
+from node.server import OBSERVER, make_base_app, node_arg_parser, query_int, run, secret_from_env
 from store.auth import CHECKSUM_HEADER
 from store.wire import FRAGMENT_META_HEADER as META_HEADER
 from store.wire import pack, pack_header, unpack_header
@@ -46,6 +48,7 @@ class StorageConfig:
     scrub_pass_interval_s: float = DEFAULT_SCRUB_PASS_INTERVAL_S
     scrub_start_delay_s: float = DEFAULT_SCRUB_START_DELAY_S
     reserve_bytes: int | None = None  # refuse fragments below this much free; None: 1%, max 1 GiB
+    observability: ObservabilityConfig = ObservabilityConfig()
 
 
 SCRUB_RATE_ENV = "ECSTORE_SCRUB_RATE_MB_S"
@@ -134,9 +137,44 @@ async def health(request: web.Request) -> web.Response:
                               "time": time.time()})
 
 
+def storage_metrics(app: web.Application) -> Families:
+    """The node's fragments, disk and scrub, read when scraped."""
+    store = app.get(STORE)
+    if store is None:  # not open yet
+        return
+    disk = store.disk()
+    yield gauge("ecstore_storage_fragments", "Fragments stored (quarantined ones not "
+                "included).", store.count)
+    yield gauge("ecstore_storage_fragment_bytes", "Bytes of fragment files stored.", store.bytes)
+    yield gauge("ecstore_storage_quarantined_fragments", "Fragment files in quarantine "
+                "(found corrupt by a reader or the scrubber).", store.quarantined)
+    yield gauge("ecstore_storage_disk_free_bytes", "Free bytes on the data disk (for "
+                "unprivileged users).", disk["disk_free_bytes"])
+    yield gauge("ecstore_storage_disk_total_bytes", "Size of the data disk.",
+                disk["disk_total_bytes"])
+    yield gauge("ecstore_storage_reserve_bytes", "Free space kept: a fragment that would "
+                "leave less is refused with 507.", store.reserve_bytes)
+    yield from scrub_metrics(app[SCRUB_STATS])
+
+
+def scrub_metrics(stats: ScrubStats) -> Families:
+    s = stats.to_json()
+    yield counter("ecstore_scrub_fragments_checked", "Fragments re-read and verified by "
+                  "the scrubber.", s["fragments_checked_total"])
+    yield counter("ecstore_scrub_checked_bytes", "Bytes re-read by the scrubber.",
+                  stats.bytes_checked_total)
+    yield counter("ecstore_scrub_corrupt_fragments", "Corrupt fragments the scrubber "
+                  "found and quarantined.", s["corrupt_found_total"])
+    yield gauge("ecstore_scrub_running", "1 while a scrub pass is under way.", int(s["running"]))
+    yield gauge("ecstore_scrub_last_pass_completed_timestamp_seconds", "When the last whole "
+                "pass ended (unix time).", s["last_pass_completed_at"])
+
+
 def make_app(config: StorageConfig) -> web.Application:
-    app = make_base_app(config.secret, MAX_FRAGMENT_BYTES)
+    app = make_base_app(config.secret, MAX_FRAGMENT_BYTES, config.node_id, "storage",
+                        config.observability)
     app[CONFIG] = config
+    app[OBSERVER].add_collector(lambda: storage_metrics(app))
 
     app[SCRUB_STATS] = ScrubStats()
 
@@ -194,7 +232,8 @@ def main(argv: list[str] | None = None) -> None:
     cfg = StorageConfig(a.id, a.data, secret_from_env(), a.host, a.port, not a.no_fsync,
                         scrub_rate_mb_s=a.scrub_rate_mb_s,
                         scrub_pass_interval_s=a.scrub_interval_s,
-                        reserve_bytes=None if a.reserve_mb is None else int(a.reserve_mb * 2**20))
+                        reserve_bytes=None if a.reserve_mb is None else int(a.reserve_mb * 2**20),
+                        observability=observability_config(a))
     run(make_app(cfg), cfg.host, cfg.port)
 
 

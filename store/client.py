@@ -18,7 +18,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable, TypeVar
 
@@ -34,7 +34,7 @@ from store.listing import ListResult, merge_listing
 from store.metadata import MetaQuorum, effective_quorums, first_answers
 from store.names import SYSTEM_BUCKETS, check_bucket_name, check_key
 from store.striping import Extent, extent_slices, fragment_id, plan_fetches, record_extents, resolve_range
-from store.transport import Transport, quote_key
+from store.transport import Transport, operation, quote_key, traced_stream
 from store.wire import FRAGMENT_META_HEADER, pack, pack_header, unpack
 
 FRAGMENT_TIMEOUT_S = 30.0
@@ -98,7 +98,10 @@ class Client:
         self.info = info
         self.t = Transport(info.secret)
         self.background: set[asyncio.Future[Any]] = set()
-        self.meta = MetaQuorum(self.t, self.background)
+        # failures that a reader or writer got past (or not), for the gateway's /metrics
+        self.fault_stats = {"degraded_reads": 0, "checksum_failures": 0,
+                            "metadata_quorum_failures": 0}
+        self.meta: MetaQuorum = _CountedQuorum(self.t, self.background, self.fault_stats)
         self._map: ClusterMap | None = None
         self._map_at = 0.0
         self._map_fetch: asyncio.Future[ClusterMap] | None = None
@@ -149,6 +152,7 @@ class Client:
         await self.t.close()
 
     # ---- cluster map -------------------------------------------------------------
+    @operation
     async def cluster_map(self, refresh: bool = False) -> ClusterMap:
         """The newest map any control node holds, fetched again after MAP_TTL_S."""
         fresh = time.monotonic() - self._map_at < MAP_TTL_S
@@ -182,6 +186,12 @@ class Client:
         self._map_at = time.monotonic()
         return self._map
 
+    @property
+    def map_epoch(self) -> int:
+        """The epoch of the map this client holds now (0: none yet); never fetches."""
+        return self._map.epoch if self._map is not None else 0
+
+    @operation
     async def publish_map(self, new: ClusterMap) -> list[str]:
         """Give `new` to every control node (old and new); a majority of the new map's
         control nodes must accept it. Returns the ids of nodes that did not."""
@@ -206,6 +216,7 @@ class Client:
         return ClusterMap.from_bytes(reply.body)
 
     # ---- buckets -------------------------------------------------------------------
+    @operation
     async def create_bucket(self, bucket: str, **fields: Any) -> None:
         """Create a bucket; `fields` (e.g. owner, acl) are kept in its record."""
         check_bucket_name(bucket)
@@ -217,6 +228,7 @@ class Client:
         await self._write_bucket(bucket, record)
         self._buckets_seen[bucket] = (time.monotonic(), record)
 
+    @operation
     async def bucket_record(self, bucket: str) -> dict[str, Any]:
         """The bucket's record (created, owner, acl ...). Raises NotFound."""
         check_bucket_name(bucket)
@@ -225,6 +237,7 @@ class Client:
             raise NotFound(f"no such bucket: {bucket}")
         return rec
 
+    @operation
     async def update_bucket(self, bucket: str, **fields: Any) -> None:
         """Change fields of an existing bucket's record (e.g. its acl)."""
         rec = await self.bucket_record(bucket)
@@ -232,11 +245,13 @@ class Client:
         rec = {k: v for k, v in rec.items() if k not in ("ts", "version_id")}
         await self._write_bucket(bucket, {**rec, **fields, "deleted": False}, after)
 
+    @operation
     async def list_bucket_records(self) -> builtins.list[dict[str, Any]]:
         """Every live bucket's record with its "name", sorted by name."""
         rows = await self._bucket_rows()
         return [r for _, r in sorted(rows.items()) if not r["deleted"]]
 
+    @operation
     async def delete_bucket(self, bucket: str) -> None:
         rec = await self.bucket_record(bucket)
         if (await self.list(bucket, max_keys=1)).objects:
@@ -244,6 +259,7 @@ class Client:
         await self._write_bucket(bucket, {"deleted": True}, rec["ts"] + 1)
         self._buckets_seen.pop(bucket, None)
 
+    @operation
     async def list_buckets(self) -> builtins.list[str]:
         return sorted(name for name, r in (await self._bucket_rows()).items() if not r["deleted"])
 
@@ -298,6 +314,7 @@ class Client:
                              f"{', '.join(p.name for p in cmap.policies)})") from None
 
     # ---- put -------------------------------------------------------------------------
+    @operation
     async def put(self, bucket: str, key: str, source: Source, *,
                   content_type: str = "application/octet-stream",
                   meta: dict[str, str] | None = None, policy: str | None = None,
@@ -347,10 +364,12 @@ class Client:
         await self._commit(cmap, bucket, key, record)
         return ObjectInfo.from_record(bucket, key, record)
 
+    @operation
     async def commit(self, bucket: str, key: str, record: dict[str, Any]) -> None:
         """Write a whole record for bucket/key with the write quorum (the commit point)."""
         await self._commit(await self.cluster_map(), bucket, key, record)
 
+    @operation
     async def write_extent(self, pol: Policy, bucket: str, key: str,
                            source: Source) -> dict[str, Any]:
         """Encode and place `source` under a new version id without committing anything
@@ -507,6 +526,7 @@ class Client:
         """How long a fragment put may lag once k of its segment are placed."""
         return max(STRAGGLER_MIN_S, STRAGGLER_FACTOR * (time.monotonic() - start))
 
+    @operation
     async def put_fragment(self, node: Node, fid: str, body: bytes,
                             meta: dict[str, Any]) -> None:
         checksum = hashlib.sha256(body).hexdigest()
@@ -547,9 +567,11 @@ class Client:
         task.add_done_callback(self.background.discard)
 
     # ---- get -------------------------------------------------------------------------
+    @operation
     async def head(self, bucket: str, key: str) -> ObjectInfo:
         return ObjectInfo.from_record(bucket, key, await self.live_record(bucket, key))
 
+    @operation
     async def live_record(self, bucket: str, key: str) -> dict[str, Any]:
         check_bucket_name(bucket)
         check_key(key)
@@ -558,6 +580,7 @@ class Client:
             raise NotFound(f"no such object: {bucket}/{key}")
         return record
 
+    @operation
     async def read_record(self, bucket: str, key: str) -> dict[str, Any] | None:
         """The newest record of bucket/key by read quorum (a tombstone too), or None.
 
@@ -569,19 +592,25 @@ class Client:
         needed = min(len(nodes), r + len(nodes) - len(owners))
         return await self.meta.read(nodes, meta_path(bucket, key), needed)
 
+    @operation
     async def get(self, bucket: str, key: str, start: int | None = None,
                   end: int | None = None) -> bytes:
         """The object's bytes, or bytes start..end inclusive (HTTP range rules)."""
         parts = [bytes(p) async for p in self.get_stream(bucket, key, start, end)]
         return b"".join(parts)
 
-    async def get_stream(self, bucket: str, key: str, start: int | None = None,
-                         end: int | None = None, record: dict[str, Any] | None = None,
-                         note_read: bool = True) -> AsyncIterator[bytes]:
+    def get_stream(self, bucket: str, key: str, start: int | None = None,
+                   end: int | None = None, record: dict[str, Any] | None = None,
+                   note_read: bool = True) -> AsyncGenerator[bytes, None]:
         """Yield the object's bytes segment by segment, reading ahead a few segments.
 
         Pass `record` (from live_record) when the caller has read it already.
         `note_read=False`: not counted as a read (the tiering worker's own reads)."""
+        return traced_stream(self._get_stream(bucket, key, start, end, record, note_read))
+
+    async def _get_stream(self, bucket: str, key: str, start: int | None, end: int | None,
+                          record: dict[str, Any] | None, note_read: bool
+                          ) -> AsyncGenerator[bytes, None]:
         if record is None:
             record = await self.live_record(bucket, key)
         if note_read:
@@ -640,6 +669,7 @@ class Client:
         await asyncio.sleep(delay)
         await self.flush_reads()
 
+    @operation
     async def flush_reads(self) -> None:
         """Send the reads counted since the last flush to each key's control nodes, one
         request per node (best effort: read counts only steer tiering)."""
@@ -749,6 +779,7 @@ class Client:
         self._prefetches -= 1
         _retrieve(task)
 
+    @operation
     async def read_segment(self, cmap: ClusterMap, record: dict[str, Any], seg: int,
                            extent: Extent | None = None) -> bytes:
         """Decode one segment (of `extent`, default the record's first) from the first k
@@ -820,7 +851,10 @@ class Client:
             raise Unavailable(f"segment {seg} of {vid}: only {len(good)} of {k} needed "
                               "fragments readable", tried=k + m, failed=len(errors),
                               errors=errors[:6])
-        chosen = [good[i] for i in sorted(good)[:k]]
+        picked = sorted(good)[:k]
+        if picked[-1] >= k:  # a parity fragment stands in for a data one
+            self.fault_stats["degraded_reads"] += 1
+        chosen = [good[i] for i in picked]
         return codec.decode(k, m, record["ec_type"], chosen)
 
     def _hedge_delay(self) -> float:
@@ -836,11 +870,13 @@ class Client:
             return None
         return cmap.previous_fragment_node(record_policy(cmap, record), ext.version_id, seg, i)
 
+    @operation
     async def get_fragment(self, node: Node, fid: str) -> bytes:
         self.read_stats["fragment_gets"] += 1
         reply = await self.t.request("GET", node.address, f"/v1/fragments/{fid}",
                                      timeout_s=FRAGMENT_TIMEOUT_S)
         if hashlib.sha256(reply.body).hexdigest() != reply.headers.get(CHECKSUM_HEADER):
+            self.fault_stats["checksum_failures"] += 1
             self._spawn(self._report_corrupt(node, fid))
             raise Corrupt(f"fragment {fid} from {node.id} failed its checksum")
         return reply.body
@@ -854,6 +890,7 @@ class Client:
             pass
 
     # ---- delete and list -------------------------------------------------------------
+    @operation
     async def delete(self, bucket: str, key: str) -> None:
         """Write a tombstone; NotFound if there is no live object."""
         live = await self.live_record(bucket, key)
@@ -864,6 +901,7 @@ class Client:
         record = {"ts": ts, "version_id": new_version_id(), "deleted": True}
         await self._commit(cmap, bucket, key, record)
 
+    @operation
     async def list(self, bucket: str, prefix: str = "", delimiter: str = "",
                    start_after: str = "", max_keys: int = 1000) -> ListResult:
         """One page of keys sorted, merged over every control node, tombstones dropped."""
@@ -872,6 +910,7 @@ class Client:
         await self._require_bucket(bucket)
         return await self.list_namespace(bucket, prefix, delimiter, start_after, max_keys)
 
+    @operation
     async def list_namespace(self, bucket: str, prefix: str = "", delimiter: str = "",
                              start_after: str = "", max_keys: int = 1000) -> ListResult:
         """`list` without the bucket check: also lists the internal namespaces."""
@@ -895,6 +934,7 @@ class Client:
                 return
             after = page.next_start_after
 
+    @operation
     async def node_status(self) -> builtins.list[dict[str, Any]]:
         """Every node of the map (and of cluster.json) with its status or 'down'."""
         cmap = await self.cluster_map()
@@ -923,6 +963,31 @@ class Client:
         except EcstoreError as exc:
             return {**row, "up": False, "error": exc.message}
         return {**row, "up": True, **json.loads(reply.body)}
+
+
+class _CountedQuorum(MetaQuorum):
+    """MetaQuorum that counts the reads and writes that missed their quorum."""
+
+    def __init__(self, transport: Transport, background: set[asyncio.Future[Any]],
+                 stats: dict[str, int]) -> None:
+        super().__init__(transport, background)
+        self.stats = stats
+
+    async def write(self, nodes: tuple[Node, ...], path: str, record: dict[str, Any],
+                    needed: int) -> int:
+        try:
+            return await super().write(nodes, path, record, needed)
+        except Unavailable:
+            self.stats["metadata_quorum_failures"] += 1
+            raise
+
+    async def read(self, nodes: tuple[Node, ...], path: str, needed: int,
+                   repair: bool = True) -> dict[str, Any] | None:
+        try:
+            return await super().read(nodes, path, needed, repair)
+        except Unavailable:
+            self.stats["metadata_quorum_failures"] += 1
+            raise
 
 
 async def _in_thread(fn: Callable[..., T], *args: Any) -> T:

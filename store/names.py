@@ -13,7 +13,9 @@ RESERVED_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
 UPLOADS_BUCKET = "_uploads"    # multipart uploads in progress
 PARTS_BUCKET = "_parts"        # their parts
 KEYS_BUCKET = "_keys"          # S3 access keys
-SYSTEM_BUCKETS = frozenset({UPLOADS_BUCKET, PARTS_BUCKET, KEYS_BUCKET})
+OPS_BUCKET = "_ops"            # progress of the CLI's workers, key = WORKER_OPS (for /metrics)
+SYSTEM_BUCKETS = frozenset({UPLOADS_BUCKET, PARTS_BUCKET, KEYS_BUCKET, OPS_BUCKET})
+WORKER_OPS = ("repair", "rebalance", "gc", "tier")
 
 
 def check_bucket_name(name: str, system_ok: bool = False) -> str:

@@ -1,11 +1,18 @@
-"""Signed HTTP requests to storage and control nodes."""
+"""Signed HTTP requests to storage and control nodes, each carrying the request id of
+the operation it belongs to (REQUEST_ID_HEADER), so that one operation can be traced
+across every node it touched (`grep ID logs/*.log`)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
+import random
+import re
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 from urllib.parse import quote, urlencode
 
 import aiohttp
@@ -17,6 +24,58 @@ from store.errors import EcstoreError, Unavailable, error_from_response
 MAX_CONNECTIONS = 256
 MAX_CONNECTIONS_PER_NODE = 32
 CONNECT_TIMEOUT_S = 3.0
+REQUEST_ID_HEADER = "x-ecstore-request-id"
+REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}")   # what a node accepts from a peer
+P = ParamSpec("P")
+T = TypeVar("T")
+
+# The id of the operation the running code serves: set by a Client operation (unless one
+# is set already: the gateway sets its S3 request's id first) and by the nodes' request
+# middleware; tasks started inside inherit it, so background work carries it too.
+request_id: ContextVar[str | None] = ContextVar("ecstore_request_id", default=None)
+
+
+def new_request_id() -> str:
+    """16 upper-case hex digits, the shape of the gateway's x-amz-request-id. From
+    `random` (reseeded in a forked child), not `secrets`: an id is a name, not a secret,
+    and os.urandom cost a node ~20 us per request."""
+    return f"{random.getrandbits(64):016X}"
+
+
+def operation(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """Run `fn` under a request id: the caller's if one is set, else a new one."""
+    @functools.wraps(fn)
+    async def traced(*args: P.args, **kwargs: P.kwargs) -> T:
+        if request_id.get() is not None:
+            return await fn(*args, **kwargs)
+        token = request_id.set(new_request_id())
+        try:
+            return await fn(*args, **kwargs)
+        finally:
+            request_id.reset(token)
+    return traced
+
+
+async def traced_stream(stream: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]:
+    """`stream` under one request id (the caller's or a new one), set only while it runs:
+    a generator must not leave it set in its consumer's context between items."""
+    rid = request_id.get() or new_request_id()
+    try:
+        while True:
+            token = request_id.set(rid)
+            try:
+                item = await anext(stream)
+            except StopAsyncIteration:
+                return
+            finally:
+                request_id.reset(token)
+            yield item
+    finally:  # closed early (or done): close `stream` now, as closing it directly would
+        token = request_id.set(rid)
+        try:
+            await stream.aclose()
+        finally:
+            request_id.reset(token)
 
 
 @dataclass(frozen=True)
@@ -57,6 +116,9 @@ class Transport:
         if checksum is None:
             checksum = hashlib.sha256(body).hexdigest() if body else EMPTY_SHA256
         hdrs = sign_headers(self.secret, method, path_qs, checksum)
+        rid = request_id.get()
+        if rid is not None:
+            hdrs[REQUEST_ID_HEADER] = rid
         if headers:
             hdrs.update(headers)
         # sock_connect, not connect: a wait for a pooled connection is the client's own
@@ -86,4 +148,5 @@ def quote_key(key: str) -> str:
     return quote(key, safe="")
 
 
-__all__ = ["Transport", "Reply", "quote_key", "EcstoreError"]
+__all__ = ["Transport", "Reply", "quote_key", "EcstoreError", "REQUEST_ID_HEADER", "request_id",
+           "new_request_id", "operation", "traced_stream"]

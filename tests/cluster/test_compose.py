@@ -1,6 +1,10 @@
 """docker-compose.yml without Docker: valid Compose, the issue's topology, and its
 services' own commands run as local processes (see compose_local.py) make a cluster that
-stores and returns objects; broken copies of the file must fail.
+stores and returns objects; broken copies of the file must fail. The optional Prometheus
+service (profile `monitoring`) scrapes every node, with the token the nodes accept.
+
+`docker compose up` without `--profile` starts no service that has profiles: the topology
+checks and the local run see the file that way (default_profile()).
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.cluster.compose_local import (
     ROOT,
@@ -20,13 +25,30 @@ from tests.cluster.compose_local import (
     ComposeError,
     ComposeRun,
     Doc,
+    argv_of,
     compose_up,
+    flag,
     load_compose,
     read_env_file,
+    role,
     schema_errors,
+    service_env,
     topology_problems,
     unshared,
 )
+
+PROMETHEUS_CONFIG = ROOT / "docker" / "prometheus.yml"
+
+
+def default_profile(doc: Doc) -> Doc:
+    """The services `docker compose up` starts: those without profiles."""
+    doc = unshared(doc)
+    doc["services"] = {n: s for n, s in doc["services"].items() if not s.get("profiles")}
+    return doc
+
+
+def load_default() -> Doc:
+    return default_profile(load_compose())
 
 
 @pytest.fixture
@@ -43,7 +65,7 @@ def tmp_dir(request: pytest.FixtureRequest) -> Iterator[Path]:
 def compose_cluster(request: pytest.FixtureRequest) -> Iterator[ComposeRun]:
     d = Path(tempfile.mkdtemp(prefix="ecstore-compose-"))
     try:
-        with compose_up(load_compose(), d) as run:
+        with compose_up(load_default(), d) as run:
             yield run
     finally:
         if request.config.getoption("--keep-tmp"):
@@ -71,7 +93,7 @@ def test_a_broken_copy_does_not_validate(breakage: Callable[[Doc], None], path: 
 
 
 def test_topology_three_control_six_storage_a_gateway_and_a_oneshot_init() -> None:
-    assert topology_problems(load_compose()) == []
+    assert topology_problems(load_default()) == []
 
 
 def _replace_in_command(service: str, old: str, new: str) -> Callable[[Doc], None]:
@@ -108,7 +130,7 @@ def _share_volume(d: Doc) -> None:
     (lambda d: d["services"]["gateway"].update(ports=["127.0.0.1:9000:9001"]), "must publish its --port"),
 ])
 def test_topology_check_catches(breakage: Callable[[Doc], Any], problem: str) -> None:
-    doc = unshared(load_compose())
+    doc = load_default()
     breakage(doc)
     assert any(problem in p for p in topology_problems(doc)), topology_problems(doc)
 
@@ -223,9 +245,117 @@ def _remove_storage5_and_6(d: Doc) -> None:
         "control node moved port", "unknown storage node"])
 def test_a_broken_topology_fails_the_run(breakage: Callable[[Doc], Any], error: str,
                                          tmp_dir: Path) -> None:
-    doc = unshared(load_compose())
+    doc = load_default()
     breakage(doc)
     with pytest.raises(ComposeError) as failed:
         with compose_up(doc, tmp_dir) as run:
             run.endpoint("gateway")
     assert error in " ".join(str(failed.value).split())  # a log line may be wrapped
+
+
+# ---- the monitoring profile: Prometheus ---------------------------------------------------
+def node_targets(doc: Doc) -> dict[str, tuple[str, str]]:
+    """{"service:port": (role, metrics path)} of every node service of the default profile."""
+    out = {}
+    for name, svc in default_profile(doc)["services"].items():
+        kind = role(svc)
+        if kind in ("control", "storage", "gateway"):
+            port = flag(argv_of(svc.get("command")), "--port")
+            out[f"{name}:{port}"] = (kind, "/_ecstore/metrics" if kind == "gateway" else "/metrics")
+    return out
+
+
+def scrape_targets(config: Doc) -> dict[str, tuple[str, str]]:
+    """{"host:port": (metrics path, bearer token)} of a Prometheus config's static targets."""
+    out = {}
+    for job in config.get("scrape_configs") or []:
+        token = (job.get("authorization") or {}).get("credentials", "")
+        for group in job.get("static_configs") or []:
+            for target in group.get("targets") or []:
+                out[target] = (job.get("metrics_path", "/metrics"), token)
+    return out
+
+
+def prometheus_problems(doc: Doc, config: Doc) -> list[str]:
+    """What keeps the monitoring profile from scraping every node: its service (profile
+    monitoring, prom/prometheus, this config mounted, data in a volume, UI on loopback),
+    and a target with the right path and the nodes' token for every node."""
+    svc = doc["services"].get("prometheus")
+    if svc is None:
+        return ["no prometheus service"]
+    problems = []
+    if svc.get("profiles") != ["monitoring"]:
+        problems.append(f"prometheus: profiles {svc.get('profiles')}, expected [monitoring]")
+    if not str(svc.get("image", "")).startswith("prom/prometheus:"):
+        problems.append(f"prometheus: image {svc.get('image')!r} is not a pinned prom/prometheus")
+    if "./docker/prometheus.yml:/etc/prometheus/prometheus.yml:ro" not in (svc.get("volumes") or []):
+        problems.append("prometheus: docker/prometheus.yml is not mounted read-only as its config")
+    if any(not str(p).startswith("127.0.0.1:") for p in svc.get("ports") or []):
+        problems.append("prometheus: publish its port on 127.0.0.1 only")
+    targets = scrape_targets(config)
+    for target, (kind, path) in node_targets(doc).items():
+        name = target.split(":")[0]
+        token = service_env(doc["services"][name]).get("ECSTORE_METRICS_TOKEN", "")
+        if target not in targets:
+            problems.append(f"no scrape target {target} ({kind})")
+        elif targets[target] != (path, token) or len(token) < 16:
+            problems.append(f"{target}: scraped at {targets[target][0]} with another token "
+                            f"than the node's ECSTORE_METRICS_TOKEN (expected {path})")
+    for target in set(targets) - set(node_targets(doc)):
+        problems.append(f"scrape target {target} is no node of the compose file")
+    return problems
+
+
+def load_prometheus_config() -> Doc:
+    config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
+    assert isinstance(config, dict)
+    return config
+
+
+def test_monitoring_profile_prometheus_scrapes_every_node_with_their_token() -> None:
+    assert prometheus_problems(load_compose(), load_prometheus_config()) == []
+
+
+def _drop_target(target: str) -> Callable[[Doc, Doc], None]:
+    def edit(_doc: Doc, config: Doc) -> None:
+        for job in config["scrape_configs"]:
+            for group in job["static_configs"]:
+                group["targets"] = [t for t in group["targets"] if t != target]
+    return edit
+
+
+def _token_of(service: str, token: str) -> Callable[[Doc, Doc], None]:
+    def edit(doc: Doc, _config: Doc) -> None:
+        doc["services"][service]["environment"] = {
+            **doc["services"][service].get("environment", {}), "ECSTORE_METRICS_TOKEN": token}
+    return edit
+
+
+@pytest.mark.parametrize("breakage, problem", [
+    (_drop_target("storage6:7200"), "no scrape target storage6:7200"),
+    (_token_of("control2", "another-token-0123456789"), "control2:7100: scraped at"),
+    (lambda d, c: c["scrape_configs"][2].pop("metrics_path"), "gateway:9000: scraped at"),
+    (lambda d, c: d["services"]["prometheus"].pop("profiles"), "profiles None"),
+    (lambda d, c: c["scrape_configs"][0]["static_configs"][0]["targets"].append("control4:7100"),
+     "control4:7100 is no node"),
+])
+def test_prometheus_check_catches(breakage: Callable[[Doc, Doc], None], problem: str) -> None:
+    doc, config = unshared(load_compose()), load_prometheus_config()
+    breakage(doc, config)
+    assert any(problem in p for p in prometheus_problems(doc, config)), prometheus_problems(doc, config)
+
+
+def test_every_scrape_target_answers_in_the_local_run(compose_cluster: ComposeRun) -> None:
+    """Prometheus' view, without Prometheus: each target of docker/prometheus.yml, mapped
+    to its local process, answers its metrics path with the config's bearer token."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for target, (path, token) in scrape_targets(load_prometheus_config()).items():
+        host, port = target.split(":")
+        url = f"http://127.0.0.1:{compose_cluster.ports[(host, int(port))]}{path}"
+        req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            families = {f.name for f in text_string_to_metric_families(r.read().decode())}
+        assert "ecstore_http_requests" in families and "ecstore_node_info" in families, target
