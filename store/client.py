@@ -646,6 +646,7 @@ class Client:
                 finally:
                     self._give_slot()
                 yield data
+                del data  # its slot is given back: not held here while the next one loads
         finally:
             for task in pending:
                 task.cancel()

@@ -70,6 +70,7 @@ async def traced_stream(stream: AsyncGenerator[T, None]) -> AsyncGenerator[T, No
             finally:
                 request_id.reset(token)
             yield item
+            del item  # not held while the next one is fetched (a segment each)
     finally:  # closed early (or done): close `stream` now, as closing it directly would
         token = request_id.set(rid)
         try:
