@@ -38,6 +38,7 @@ def _table(rep: dict[str, Any]) -> None:
     rows: list[tuple[str, object]] = [
         ("fragments listed", rep["fragments_listed"]),
         ("fragments garbage", rep["fragments_garbage"]),
+        ("  of them stray copies", rep["fragments_stray"]),
         ("fragments deleted", rep["fragments_deleted"]),
         ("kept: live", rep["kept_live"]),
         ("kept: younger than grace", rep["kept_young"]),

@@ -11,6 +11,14 @@ read is therefore seen as live, and a version that is neither live nor young bel
 a put that has been running for longer than the grace period: the grace must be longer
 than any put (the default, an hour, is).
 
+A fragment of a live version is a stray when it sits on a node where that version's record
+does not put it: not the node the map names for it, not a recorded handoff, not where the
+previous epoch's ring put it (a rebalance in progress). A fragment put handed to a handoff
+node because its first node stalled can still land there once the node resumes; such a
+copy is never read. Strays older than the grace are deleted too (`plan_stray_gc`). Only
+versions whose full record was read are checked: a version live on a stale replica only,
+or a part of an upload in progress, keeps every copy.
+
 A tombstone is purged only once it is older than the grace and every one of its R
 control replicas holds exactly it (each replica is read directly); a replica that lacks
 it, or holds an older record, is sent the tombstone instead and the purge happens on a
@@ -30,12 +38,12 @@ from typing import Any
 
 from placement.cluster_map import ClusterMap
 from placement.nodes import Node
-from store.client import Client
+from store.client import Client, expected_fragment_nodes, record_policy
 from store.errors import EcstoreError, NotFound, Unavailable
 from store.metadata import META_TIMEOUT_S
 from store.multipart import part_versions
 from store.names import SYSTEM_BUCKETS
-from store.striping import record_extents
+from store.striping import fragment_id, record_extents
 from store.transport import quote_key
 from store.wire import pack, unpack
 from store.workers import WorkReport, all_listings, live_records
@@ -85,6 +93,39 @@ def plan_fragment_gc(live_version_ids: set[str] | frozenset[str],
             if classify_fragment(fid, live_version_ids, limit) == "garbage"]
 
 
+def plan_stray_gc(homes: Mapping[str, set[str] | frozenset[str]],
+                  listings: Mapping[str, Sequence[str] | set[str]],
+                  now_ns: int, grace_s: float) -> list[tuple[str, str]]:
+    """Every (node_id, fid) whose fragment is known (`homes`: fid -> the node ids where
+    its record puts it) but sits on another node, and is older than the grace (pure)."""
+    limit = cutoff(now_ns, grace_s)
+    out = []
+    for node_id in sorted(listings):
+        for fid in sorted(listings[node_id]):
+            home = homes.get(fid)
+            vid = fragment_version(fid)
+            if home is not None and node_id not in home and vid is not None \
+                    and version_time_ns(vid) < limit:
+                out.append((node_id, fid))
+    return out
+
+
+def record_homes(cmap: ClusterMap, record: Mapping[str, Any]) -> dict[str, frozenset[str]]:
+    """fid -> the node ids where a reader may look for it: the node the map names (a
+    recorded handoff applied) and where the previous epoch's ring put it."""
+    pol = record_policy(cmap, dict(record))
+    out = {}
+    for ext in record_extents(record):
+        for seg in range(ext.segments):
+            for i, node in enumerate(expected_fragment_nodes(cmap, dict(record), seg, ext)):
+                ids = {node.id}
+                prev = cmap.previous_fragment_node(pol, ext.version_id, seg, i)
+                if prev is not None:
+                    ids.add(prev.id)
+                out[fragment_id(ext.version_id, seg, i)] = frozenset(ids)
+    return out
+
+
 def _order(r: Mapping[str, Any]) -> tuple[int, str]:
     return int(r["ts"]), str(r["version_id"])
 
@@ -127,6 +168,7 @@ class GcReport(WorkReport):
     fragments_listed: int = 0
     fragments_garbage: int = 0
     fragments_deleted: int = 0
+    fragments_stray: int = 0             # copies of live fragments where no reader looks
     bytes_deleted: int | None = None     # unknown: a storage node's DELETE does not say
     kept_live: int = 0
     kept_young: int = 0
@@ -293,10 +335,14 @@ async def prepare_gc(c: Client, grace_s: float = DEFAULT_GRACE_S,
     live: set[str] = {r["version_id"] for rows in scan.values() for r in rows.values()
                       if not r.get("deleted")}        # any replica's live record is kept
     live.update(await part_versions(c))  # parts before objects: see store.multipart
+    homes: dict[str, frozenset[str]] = {}
     async for _, _, rec in live_records(c):
         live.add(rec["version_id"])
         live.update(e.version_id for e in record_extents(rec))
+        homes.update(record_homes(cmap, rec))
     garbage = plan_fragment_gc(live, listings, now_ns, grace_s)
+    strays = plan_stray_gc(homes, listings, now_ns, grace_s)
+    garbage += strays
     tombstones = sorted({bk for rows in scan.values() for bk, r in rows.items() if r.get("deleted")})
     worker = GcWorker(c, cmap, garbage, tombstones, now_ns, grace_s, dry_run)
     rep = worker.report
@@ -312,6 +358,8 @@ async def prepare_gc(c: Client, grace_s: float = DEFAULT_GRACE_S,
             elif kind == "foreign":
                 rep.kept_foreign += 1
     rep.fragments_garbage = len(garbage)
+    rep.fragments_stray = len(strays)
+    rep.kept_live -= len(strays)
     rep.tombstones_seen = len(tombstones)
     rep.errors += errors
     return worker

@@ -242,3 +242,44 @@ def test_gc_racing_overwrites_and_deletes_loses_nothing(cluster: LocalCluster,
     assert stats["gc_runs"] >= 2 and stats["ops"] >= 20
     assert stats["deleted"] > 0                       # it did collect while racing
     assert time.monotonic() - started < 30
+
+
+def test_a_stray_copy_of_a_live_fragment_is_removed_and_nothing_else(
+        cluster: LocalCluster, client: SyncClient) -> None:
+    """A straggler's fragment that its stalled node wrote after the client had given it to
+    a handoff node: a copy no reader looks at. gc removes it (older than the grace) and
+    keeps every fragment the record points to."""
+    if "strays" not in client.list_buckets():
+        client.create_bucket("strays")
+    data = os.urandom(5 * 1024 * 1024)
+    client.put("strays", "obj", data)
+
+    async def plant() -> tuple[str, str]:
+        async with Client.connect(cluster.path) as c:
+            rec = await c.live_record("strays", "obj")
+            cmap = await c.cluster_map()
+            from store.client import expected_fragment_nodes
+            homes = {n.id for n in expected_fragment_nodes(cmap, rec, 0)}
+            away = next(n for n in cmap.all_storage_nodes() if n.id not in homes) \
+                if len(homes) < len(cmap.all_storage_nodes()) else None
+            fid = f"{rec['version_id']}.0.0"
+            home = expected_fragment_nodes(cmap, rec, 0)[0]
+            body = await c.get_fragment(home, fid)
+            # no node is free of this segment with 6 nodes and 4+2: put the copy of
+            # fragment 0 on the node of fragment 1 instead (not its home either)
+            target = away or expected_fragment_nodes(cmap, rec, 0)[1]
+            await c.put_fragment(target, fid, body, {"bucket": "strays", "key": "obj"})
+            return target.id, rec["version_id"]
+    target, version = asyncio.run(plant())
+    before = of_version(cluster, version)
+    rep = gc_json(cluster, "--grace", "0")
+    assert rep["fragments_stray"] == 1, rep
+    assert client.get("strays", "obj") == data
+    node = cluster.nodes[target]
+    stray_path = [p for p in Path(node.data, "fragments").rglob(f"{version}.0.0")]
+    assert stray_path == [], "the stray copy is still on disk"
+    assert of_version(cluster, version) == before  # every fragment the record names stays
+    proc = run_cli(cluster, "repair", "--dry-run", "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["fragments_missing"] == 0
+    rep = gc_json(cluster, "--grace", "0")
+    assert rep["fragments_stray"] == 0

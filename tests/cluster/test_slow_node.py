@@ -8,9 +8,12 @@ they do not measure speed (that is bench/).
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -23,6 +26,7 @@ from cli.localcluster import LocalCluster
 from store.client import SyncClient, expected_fragment_nodes
 from store.errors import NotFound, Unavailable
 
+ROOT = Path(__file__).resolve().parents[2]
 MiB = 1024 * 1024
 STALL_BOUND_S = 10.0   # a hanging request would take FRAGMENT_TIMEOUT_S (30 s) or more
 
@@ -106,6 +110,20 @@ def test_puts_hand_fragments_of_a_stalled_node_to_handoffs(seven: LocalCluster) 
                 assert "s2" not in holders(c, "slowput", k)
         for k, v in objs.items():
             assert c.get("slowput", k) == v
+    # gc keeps every fragment the records put on handoff nodes (and drops any copy the
+    # resumed node wrote after the client had moved on): nothing goes missing
+    gc = run_cli(seven, "gc", "--grace", "0", "--json")
+    assert gc.returncode == 0, gc.stderr
+    rep = run_cli(seven, "repair", "--dry-run", "--json")
+    assert rep.returncode == 0 and json.loads(rep.stdout)["fragments_missing"] == 0, rep.stdout
+    with SyncClient(seven.path) as c:
+        for k, v in objs.items():
+            assert c.get("slowput", k) == v
+
+
+def run_cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cli.main", "--cluster", str(cluster.path),
+                           *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
 def test_a_put_that_cannot_leave_the_stalled_node_fails_cleanly() -> None:
