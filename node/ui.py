@@ -50,6 +50,7 @@ from store.workers import live_records
 UI_PATH = "/ui"
 STATUS_PATH = "/ui/status.json"
 REFRESH_S = 2                  # the page asks for new data this often
+STATUS_TIMEOUT_S = 1.5         # a node silent this long is shown down (a stalled one, too)
 SNAPSHOT_TTL_S = 1.0           # requests within this share one round of node probes
 USAGE_INTERVAL_S = 30.0        # pause between two bucket usage passes (each reads every record)
 MAX_USAGE_ROWS = 500           # (bucket, policy) rows counted; the rest go to OTHER_BUCKETS
@@ -306,7 +307,8 @@ class StatusPage:
         c = self.gw.client
         try:
             cmap = await c.cluster_map()
-            statuses, ops = await asyncio.gather(c.node_status(), self._ops())
+            statuses, ops = await asyncio.gather(c.node_status(timeout_s=STATUS_TIMEOUT_S),
+                                                 self._ops())
         except EcstoreError as exc:
             return {"epoch": None, "map_error": exc.message, "nodes": [], "ops": {}}
         shares = self._ring_shares(cmap)

@@ -936,8 +936,9 @@ class Client:
             after = page.next_start_after
 
     @operation
-    async def node_status(self) -> builtins.list[dict[str, Any]]:
-        """Every node of the map (and of cluster.json) with its status or 'down'."""
+    async def node_status(self, timeout_s: float = 3.0) -> builtins.list[dict[str, Any]]:
+        """Every node of the map (and of cluster.json) with its status, or 'down' when it
+        does not answer within `timeout_s` (a stalled node answers never)."""
         cmap = await self.cluster_map()
         nodes = list(cmap.control.nodes) + list(cmap.all_storage_nodes())
 
@@ -945,7 +946,8 @@ class Client:
             base = {"id": node.id, "role": role, "url": node.address, "zone": node.zone,
                     "tier": node.tier}
             try:
-                reply = await self.t.request("GET", node.address, "/v1/status", timeout_s=3.0)
+                reply = await self.t.request("GET", node.address, "/v1/status",
+                                             timeout_s=timeout_s)
             except EcstoreError as exc:
                 return {**base, "up": False, "error": exc.message}
             return {**base, "up": True, **json.loads(reply.body)}
