@@ -9,6 +9,7 @@ aws cli and s3fs run with their default settings and only the gateway's key.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import json
@@ -92,27 +93,39 @@ def md5_b64(data: bytes) -> str:
 
 # ---- the cluster and its clients ---------------------------------------------------------
 # Every fixture here depends on s3_cluster alone, so a module imports just what it uses.
-@pytest.fixture(scope="module")
-def s3_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
-    """A local cluster with the gateway in TMP/cluster; while the module runs no AWS_*
-    variable or AWS config file of the machine is seen (TMP/no-such-aws-* do not exist)."""
-    tmp = Path(tempfile.mkdtemp(prefix="ecstore-s3-"))
+@contextlib.contextmanager
+def gateway_cluster(request: pytest.FixtureRequest, prefix: str, *, fsync: bool = True,
+                    unset: Iterable[str] = (), env: dict[str, str] | None = None
+                    ) -> Iterator[LocalCluster]:
+    """A local cluster with the gateway in TMP/cluster; while it runs no AWS_* variable or
+    AWS config file of the machine is seen (TMP/no-such-aws-* do not exist), the variables
+    `unset` are unset and `env` is set (the nodes inherit both)."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
     with pytest.MonkeyPatch.context() as mp:
         for name in list(os.environ):
-            if name.startswith("AWS_"):
+            if name.startswith("AWS_") or name in unset:
                 mp.delenv(name)
         mp.setenv("AWS_CONFIG_FILE", str(tmp / "no-such-aws-config"))
         mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp / "no-such-aws-credentials"))
-        c = LocalCluster.create(tmp / "cluster", storage=6, control=3, k=4, m=2, gateway=True)
+        for name, value in (env or {}).items():
+            mp.setenv(name, value)
+        c = LocalCluster.create(tmp / "cluster", storage=6, control=3, k=4, m=2, gateway=True,
+                                fsync=fsync)
         try:
             c.start()
             yield c
         finally:
             c.stop()
             if request.config.getoption("--keep-tmp"):
-                print(f"\nkept S3 test directory {tmp}")
+                print(f"\nkept test directory {tmp}")
             else:
                 shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def s3_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    with gateway_cluster(request, "ecstore-s3-") as c:
+        yield c
 
 
 def gateway_of(cluster: LocalCluster) -> Gateway:

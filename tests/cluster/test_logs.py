@@ -11,8 +11,6 @@ import json
 import logging
 import os
 import re
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,7 +23,7 @@ from cli.localcluster import LocalCluster
 from node.fragments import FragmentStore
 from node.logs import JsonFormatter, TextFormatter, step_log
 from node.scrub import Scrubber, scrub_loop
-from tests.cluster.s3_fixtures import gateway_of, make_client
+from tests.cluster.s3_fixtures import gateway_cluster, gateway_of, make_client
 
 BUCKET = "logged"
 OBJECT_BYTES = 300_000      # one segment: a fragment on each of the 6 storage nodes
@@ -34,24 +32,9 @@ FIELDS = {"request_id", "method", "op", "status", "duration_ms", "bytes_in", "by
 
 @pytest.fixture(scope="module")
 def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
-    tmp = Path(tempfile.mkdtemp(prefix="ecstore-logs-"))
-    with pytest.MonkeyPatch.context() as mp:
-        for name in list(os.environ):
-            if name.startswith("AWS_") or name in ("ECSTORE_LOG_FORMAT", "ECSTORE_REQUEST_LOG"):
-                mp.delenv(name)
-        mp.setenv("AWS_CONFIG_FILE", str(tmp / "no-such-aws-config"))
-        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp / "no-such-aws-credentials"))
-        c = LocalCluster.create(tmp / "cluster", storage=6, control=3, k=4, m=2, gateway=True,
-                                fsync=False)
-        try:
-            c.start()
-            yield c
-        finally:
-            c.stop()
-            if request.config.getoption("--keep-tmp"):
-                print(f"\nkept {tmp}")
-            else:
-                shutil.rmtree(tmp, ignore_errors=True)
+    with gateway_cluster(request, "ecstore-logs-", fsync=False,
+                         unset=("ECSTORE_LOG_FORMAT", "ECSTORE_REQUEST_LOG")) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")

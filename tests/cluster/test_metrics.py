@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -24,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cli.localcluster import LocalCluster, free_port, signed_request
 from store.client import SyncClient
 from store.wire import unpack
-from tests.cluster.s3_fixtures import gateway_of, make_client
+from tests.cluster.s3_fixtures import gateway_cluster, gateway_of, make_client
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "test-metrics-token-0123456789"
@@ -38,25 +36,10 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     """A cluster with a gateway whose nodes accept TOKEN on /metrics; no AWS settings of
     the machine are seen while it runs."""
-    tmp = Path(tempfile.mkdtemp(prefix="ecstore-metrics-"))
-    with pytest.MonkeyPatch.context() as mp:
-        for name in list(os.environ):
-            if name.startswith("AWS_") or name.startswith("ECSTORE_METRICS"):
-                mp.delenv(name)
-        mp.setenv("AWS_CONFIG_FILE", str(tmp / "no-such-aws-config"))
-        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp / "no-such-aws-credentials"))
-        mp.setenv("ECSTORE_METRICS_TOKEN", TOKEN)
-        c = LocalCluster.create(tmp / "cluster", storage=6, control=3, k=4, m=2, gateway=True,
-                                fsync=False)
-        try:
-            c.start()
-            yield c
-        finally:
-            c.stop()
-            if request.config.getoption("--keep-tmp"):
-                print(f"\nkept {tmp}")
-            else:
-                shutil.rmtree(tmp, ignore_errors=True)
+    with gateway_cluster(request, "ecstore-metrics-", fsync=False,
+                         unset=[n for n in os.environ if n.startswith("ECSTORE_METRICS")],
+                         env={"ECSTORE_METRICS_TOKEN": TOKEN}) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")
@@ -71,16 +54,6 @@ def lib(cluster: LocalCluster) -> Iterator[SyncClient]:
     c = SyncClient(cluster.path)
     yield c
     c.close()
-
-
-@pytest.fixture
-def all_up(cluster: LocalCluster) -> Iterator[LocalCluster]:
-    yield cluster
-    down = [i for i in cluster.nodes if i not in cluster.running()]
-    for i in down:
-        cluster.start_node(i)
-    if down:
-        cluster.wait_healthy(down)
 
 
 def metrics_path(cluster: LocalCluster, node_id: str) -> str:
