@@ -816,6 +816,7 @@ class Client:
         deferred = {i for i, node in enumerate(nodes) if self._is_suspect(node)}
         inflight: dict[asyncio.Future[None], int] = {}
         started: dict[int, float] = {}
+        hedge = self._hedge_delay()  # once per segment: it sorts the recent latencies
         try:
             while len(good) < k:
                 for i in plan_fetches(k, k + m, set(good), failed | slow | deferred,
@@ -827,7 +828,6 @@ class Client:
                         deferred.clear()
                         continue
                     break
-                hedge = self._hedge_delay()
                 now = time.monotonic()
                 waiting = [started[i] + hedge - now for i in inflight.values() if i not in slow]
                 timeout = max(0.0, min(waiting)) if waiting else None
