@@ -44,6 +44,7 @@ from placement.cluster_map import ClusterMap
 from store import transport
 from store.cluster import ClusterInfo
 from store.errors import EcstoreError
+from store.names import OPS_BUCKET, WORKER_OPS
 from store.tiering import stored_bytes
 from store.workers import live_records
 
@@ -55,10 +56,7 @@ SNAPSHOT_TTL_S = 1.0           # requests within this share one round of node pr
 USAGE_INTERVAL_S = 30.0        # pause between two bucket usage passes (each reads every record)
 MAX_USAGE_ROWS = 500           # (bucket, policy) rows counted; the rest go to OTHER_BUCKETS
 OTHER_BUCKETS = "(other buckets)"
-# The progress records of the CLI's workers, key = the worker (store.names.OPS_BUCKET and
-# WORKER_OPS; named here too so that the page works on control nodes that refuse the namespace)
-OPS_BUCKET = "_ops"
-OPS = ("repair", "rebalance", "gc", "tier")
+OPS = WORKER_OPS   # the progress records of the CLI's workers, in OPS_BUCKET, key = the worker
 MAX_OP_FIELDS = 24
 MAX_ERRORS = 20
 MAX_TEXT_CHARS = 300           # of an error message or an operation's field
@@ -225,7 +223,7 @@ class ErrorLog(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         fields = getattr(record, "fields", None)
         fields = fields if isinstance(fields, Mapping) else {}
-        rid = str(fields.get("request_id") or _current_request_id() or "") or None
+        rid = str(fields.get("request_id") or transport.request_id.get() or "") or None
         status = fields.get("status") if isinstance(fields.get("status"), int) else None
         for e in reversed(self.entries):   # the request's entry: dispatch logs before the access log
             if rid is not None and e["request_id"] == rid:
@@ -252,14 +250,6 @@ def _message(record: logging.LogRecord) -> str:
         message = str(record.msg)
     exc = record.exc_info[1] if record.exc_info else None
     return message + (f" ({type(exc).__name__}: {exc})" if exc is not None else "")
-
-
-def _current_request_id() -> str | None:
-    """The id node.server gives the request being served (store.transport.request_id, a
-    context variable), None outside a request or where no id is kept."""
-    var = getattr(transport, "request_id", None)
-    value = var.get() if var is not None else None
-    return value if isinstance(value, str) else None
 
 
 # ---- the data, gathered with bounded work ---------------------------------------------------
