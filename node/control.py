@@ -14,8 +14,8 @@ from typing import Any
 
 from aiohttp import web
 
-from node.metadb import MetaDB, access_key, bucket_key, object_key
-from node.metrics import Families, ObservabilityConfig, gauge, observability_config
+from node.metadb import MAP_KEY, GroupCommit, MetaDB, View, access_key, bucket_key, newest, object_key
+from node.metrics import Families, ObservabilityConfig, counter, gauge, observability_config
 from node.server import (
     OBSERVER,
     make_base_app,
@@ -47,6 +47,7 @@ class ControlConfig:
 
 
 DB = web.AppKey("db", MetaDB)
+COMMIT = web.AppKey("commit", GroupCommit)   # every write goes through it
 CONFIG = web.AppKey("config", ControlConfig)
 
 
@@ -72,7 +73,7 @@ def _names(request: web.Request) -> tuple[str, str]:
 async def put_object(request: web.Request) -> web.Response:
     bucket, key = _names(request)
     record = await read_record(request)
-    applied, current = request.app[DB].put_newest(object_key(bucket, key), record)
+    applied, current = await request.app[COMMIT].apply(newest(object_key(bucket, key), record))
     return msgpack_response({"applied": applied, "ts": current["ts"],
                              "version_id": current["version_id"]})
 
@@ -92,15 +93,18 @@ async def purge_object(request: web.Request) -> web.Response:
     """
     bucket, key = _names(request)
     k = object_key(bucket, key)
-    record = request.app[DB].get(k)
-    if record is None:
-        raise NotFound(f"no record for {bucket}/{key}")
-    if not record.get("deleted"):
-        raise Conflict("only tombstones can be purged")
     want = request.query.get("version_id")
-    if want is not None and record.get("version_id") != want:
-        raise Conflict(f"the record of {bucket}/{key} is not version {want}")
-    request.app[DB].delete(k)
+
+    def purge(view: View) -> None:
+        record = view.get(k)
+        if record is None:
+            raise NotFound(f"no record for {bucket}/{key}")
+        if not record.get("deleted"):
+            raise Conflict("only tombstones can be purged")
+        if want is not None and record.get("version_id") != want:
+            raise Conflict(f"the record of {bucket}/{key} is not version {want}")
+        view.delete(k)
+    await request.app[COMMIT].apply(purge)
     return web.Response(status=204)
 
 
@@ -109,12 +113,16 @@ async def drop_record(request: web.Request) -> web.Response:
     version the mover copied elsewhere (409 if a newer one arrived meanwhile)."""
     bucket, key = _names(request)
     k = object_key(bucket, key)
-    record = request.app[DB].get(k)
-    if record is None:
-        raise NotFound(f"no record for {bucket}/{key}")
-    if record.get("version_id") != request.query.get("version_id"):
-        raise Conflict(f"the record of {bucket}/{key} is another version")
-    request.app[DB].delete(k)
+    want = request.query.get("version_id")
+
+    def drop(view: View) -> None:
+        record = view.get(k)
+        if record is None:
+            raise NotFound(f"no record for {bucket}/{key}")
+        if record.get("version_id") != want:
+            raise Conflict(f"the record of {bucket}/{key} is another version")
+        view.delete(k)
+    await request.app[COMMIT].apply(drop)
     return web.Response(status=204)
 
 
@@ -163,11 +171,13 @@ async def record_access(request: web.Request) -> web.Response:
     if not isinstance(entries, list) or len(entries) > MAX_ACCESS_ENTRIES:
         raise BadRequest(f"entries must be a list of at most {MAX_ACCESS_ENTRIES}")
     checked = [access_entry(e) for e in entries]   # all of them before any is applied
-    db = request.app[DB]
     minute = int(time.time() // 60)
-    for bucket, key, reads, last in checked:
-        k = access_key(bucket, key)
-        db.put_lazy(k, merge_access(db.get(k), reads, last, minute))
+
+    def merge(view: View) -> None:
+        for bucket, key, reads, last in checked:
+            k = access_key(bucket, key)
+            view.put(k, merge_access(view.get(k), reads, last, minute))
+    await request.app[COMMIT].apply(merge, lazy=True)
     return msgpack_response({"recorded": len(entries)})
 
 
@@ -201,7 +211,7 @@ async def list_access(request: web.Request) -> web.Response:
 async def put_bucket(request: web.Request) -> web.Response:
     bucket = check_bucket_name(request.match_info["bucket"], system_ok=True)
     record = await read_record(request)
-    applied, current = request.app[DB].put_newest(bucket_key(bucket), record)
+    applied, current = await request.app[COMMIT].apply(newest(bucket_key(bucket), record))
     return msgpack_response({"applied": applied, "ts": current["ts"],
                              "version_id": current["version_id"]})
 
@@ -233,14 +243,16 @@ async def put_map(request: web.Request) -> web.Response:
         new = ClusterMap.from_bytes(data)
     except (ValueError, KeyError, TypeError) as exc:
         raise BadRequest(f"invalid cluster map: {exc}") from None
-    db = request.app[DB]
-    held = db.get_map()
-    if held is not None:
-        old = ClusterMap.from_bytes(held)
-        if new.epoch < old.epoch or (new.epoch == old.epoch and data != held):
-            raise Conflict(f"map epoch {new.epoch} is not newer than {old.epoch}",
-                           epoch=old.epoch)
-    db.put_map(data)
+
+    def install(view: View) -> None:
+        held = view.get_raw(MAP_KEY)
+        if held is not None:
+            old = ClusterMap.from_bytes(held)
+            if new.epoch < old.epoch or (new.epoch == old.epoch and data != held):
+                raise Conflict(f"map epoch {new.epoch} is not newer than {old.epoch}",
+                               epoch=old.epoch)
+        view.put(MAP_KEY, data)
+    await request.app[COMMIT].apply(install)
     return msgpack_response({"epoch": new.epoch})
 
 
@@ -295,6 +307,12 @@ def control_metrics(app: web.Application, epoch: MapEpoch) -> Families:
                 epoch.of(db.get_map()))
     yield gauge("ecstore_control_db_bytes", "Bytes of this node's metadata database files.",
                 _dir_bytes(app[CONFIG].data_dir))
+    commit = app.get(COMMIT)
+    if commit is not None:
+        yield counter("ecstore_control_db_writes", "Metadata writes (record, bucket, map, "
+                      "purge, read counts) committed.", commit.mutations)
+        yield counter("ecstore_control_db_batches", "Synced RocksDB writes that committed "
+                      "them: concurrent writes share one (group commit).", commit.batches)
     base = object_key(OPS_BUCKET, "")
     rows, _ = db.scan(base, b"", len(WORKER_OPS) + 16)
     records = {k[len(base):].decode(): r for k, r in rows if not r.get("deleted")}
@@ -316,7 +334,9 @@ def make_app(config: ControlConfig) -> web.Application:
 
     async def open_db(app: web.Application) -> AsyncIterator[None]:
         app[DB] = MetaDB(config.data_dir / "db", config.fsync)
+        app[COMMIT] = GroupCommit(app[DB])
         yield
+        await app[COMMIT].drained()
         app[DB].close()
 
     app.cleanup_ctx.append(open_db)
