@@ -29,6 +29,7 @@ from node.scrub import (
 )
 from node.server import OBSERVER, make_base_app, node_arg_parser, query_int, run, secret_from_env
 from store.auth import CHECKSUM_HEADER
+from store.wire import FRAGMENT_CRC_HEADER as CRC_HEADER
 from store.wire import FRAGMENT_META_HEADER as META_HEADER
 from store.wire import pack, pack_header, unpack_header
 
@@ -76,8 +77,11 @@ async def get_fragment(request: web.Request) -> web.StreamResponse:
     (client, repair, rebalance) verifies it end to end, which also covers the network,
     and reports a mismatch with POST .../verify. One SHA-256 per read instead of two."""
     frag = await _in_thread(request.app[STORE].read, request.match_info["fid"], False)
-    return web.Response(body=frag.body, headers={
-        CHECKSUM_HEADER: frag.checksum, META_HEADER: pack_header(frag.meta)})
+    headers = {CHECKSUM_HEADER: frag.checksum, META_HEADER: pack_header(frag.meta)}
+    crc = frag.meta.get("crc32")
+    if isinstance(crc, int) and 0 <= crc < 1 << 32:
+        headers[CRC_HEADER] = f"{crc:08x}"
+    return web.Response(body=frag.body, headers=headers)
 
 
 async def verify_fragment(request: web.Request) -> web.Response:

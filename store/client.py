@@ -17,8 +17,9 @@ import os
 import secrets
 import threading
 import time
+import zlib
 from collections import OrderedDict, deque
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable, TypeVar
 
@@ -35,7 +36,7 @@ from store.metadata import MetaQuorum, effective_quorums, first_answers
 from store.names import SYSTEM_BUCKETS, check_bucket_name, check_key
 from store.striping import Extent, extent_slices, fragment_id, plan_fetches, record_extents, resolve_range
 from store.transport import Transport, operation, quote_key, traced_stream
-from store.wire import FRAGMENT_META_HEADER, pack, pack_header, unpack
+from store.wire import FRAGMENT_CRC_HEADER, FRAGMENT_META_HEADER, pack, pack_header, unpack
 
 FRAGMENT_TIMEOUT_S = 30.0
 STRAGGLER_MIN_S = 2.0          # a fragment put this far behind its segment's k-th goes to a handoff
@@ -530,6 +531,7 @@ class Client:
     async def put_fragment(self, node: Node, fid: str, body: bytes,
                             meta: dict[str, Any]) -> None:
         checksum = hashlib.sha256(body).hexdigest()
+        meta = {**meta, "crc32": zlib.crc32(body)}   # what readers check (FRAGMENT_CRC_HEADER)
         await self.t.request("PUT", node.address, f"/v1/fragments/{fid}", body=body,
                              checksum=checksum, timeout_s=FRAGMENT_TIMEOUT_S,
                              headers={FRAGMENT_META_HEADER: pack_header(meta)})
@@ -876,7 +878,7 @@ class Client:
         self.read_stats["fragment_gets"] += 1
         reply = await self.t.request("GET", node.address, f"/v1/fragments/{fid}",
                                      timeout_s=FRAGMENT_TIMEOUT_S)
-        if hashlib.sha256(reply.body).hexdigest() != reply.headers.get(CHECKSUM_HEADER):
+        if not fragment_intact(reply.body, reply.headers):
             self.fault_stats["checksum_failures"] += 1
             self._spawn(self._report_corrupt(node, fid))
             raise Corrupt(f"fragment {fid} from {node.id} failed its checksum")
@@ -991,6 +993,19 @@ class _CountedQuorum(MetaQuorum):
         except Unavailable:
             self.stats["metadata_quorum_failures"] += 1
             raise
+
+
+def fragment_intact(body: bytes, headers: Mapping[str, str]) -> bool:
+    """The fragment body matches what its node stored: its CRC-32 when the node sent one
+    (fast), else - or when the CRC does not match - its SHA-256."""
+    crc = headers.get(FRAGMENT_CRC_HEADER)
+    if crc is not None and len(crc) == 8:
+        try:
+            if zlib.crc32(body) == int(crc, 16):
+                return True
+        except ValueError:
+            pass
+    return hashlib.sha256(body).hexdigest() == headers.get(CHECKSUM_HEADER)
 
 
 async def _in_thread(fn: Callable[..., T], *args: Any) -> T:

@@ -47,3 +47,26 @@ def test_anything_else_goes_to_pyeclib() -> None:
 def test_garbage_is_corrupt_not_a_crash() -> None:
     with pytest.raises(codec.Corrupt):
         codec.decode(4, 2, EC, [b"x" * 100] * 4)
+
+
+def test_fragment_intact_checks_crc_then_sha256() -> None:
+    import hashlib
+    import zlib
+
+    from store.client import fragment_intact
+    from store.wire import FRAGMENT_CRC_HEADER
+    body = random.Random(3).randbytes(70_000)
+    sha = {"x-ecstore-checksum": hashlib.sha256(body).hexdigest()}
+    crc = f"{zlib.crc32(body):08x}"
+    flipped = bytearray(body)
+    flipped[12_345] ^= 0x01
+    assert fragment_intact(body, {**sha, FRAGMENT_CRC_HEADER: crc})
+    assert fragment_intact(body, sha)                                   # no CRC: SHA-256
+    assert not fragment_intact(bytes(flipped), {**sha, FRAGMENT_CRC_HEADER: crc})
+    assert not fragment_intact(bytes(flipped), sha)
+    # a wrong or malformed CRC does not condemn a body its SHA-256 vouches for
+    assert fragment_intact(body, {**sha, FRAGMENT_CRC_HEADER: "00000000" if crc != "00000000" else "1"})
+    assert fragment_intact(body, {**sha, FRAGMENT_CRC_HEADER: "zzzzzzzz"})
+    # and a matching CRC is enough on its own (the fast path never hashes)
+    assert fragment_intact(body, {"x-ecstore-checksum": "0" * 64, FRAGMENT_CRC_HEADER: crc})
+    assert not fragment_intact(body[:-1], {**sha, FRAGMENT_CRC_HEADER: crc})
