@@ -876,8 +876,7 @@ class Client:
     @operation
     async def get_fragment(self, node: Node, fid: str) -> bytes:
         self.read_stats["fragment_gets"] += 1
-        reply = await self.t.request("GET", node.address, f"/v1/fragments/{fid}",
-                                     timeout_s=FRAGMENT_TIMEOUT_S)
+        reply = await self.t.get_into(node.address, f"/v1/fragments/{fid}", FRAGMENT_TIMEOUT_S)
         if not fragment_intact(reply.body, reply.headers):
             self.fault_stats["checksum_failures"] += 1
             self._spawn(self._report_corrupt(node, fid))

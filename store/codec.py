@@ -39,9 +39,14 @@ def decode(k: int, m: int, ec_type: str, fragments: list[bytes]) -> bytes:
     if joined is not None:
         return joined
     try:
-        return driver(k, m, ec_type).decode(fragments)
+        return driver(k, m, ec_type).decode(_as_bytes(fragments))
     except Exception as exc:  # pyeclib raises its own ECDriverError family
         raise Corrupt(f"decode failed: {exc}") from None
+
+
+def _as_bytes(fragments: list[bytes]) -> list[bytes]:
+    """pyeclib takes bytes only (fragment reads give bytearrays)."""
+    return [f if type(f) is bytes else bytes(f) for f in fragments]
 
 
 def join_data_fragments(k: int, fragments: list[bytes]) -> bytes | None:
@@ -73,6 +78,6 @@ def join_data_fragments(k: int, fragments: list[bytes]) -> bytes | None:
 
 def reconstruct(k: int, m: int, ec_type: str, fragments: list[bytes], missing: list[int]) -> list[bytes]:
     try:
-        return driver(k, m, ec_type).reconstruct(fragments, missing)
+        return driver(k, m, ec_type).reconstruct(_as_bytes(fragments), missing)
     except Exception as exc:
         raise Corrupt(f"reconstruct failed: {exc}") from None

@@ -20,6 +20,7 @@ from yarl import URL
 
 from store.auth import EMPTY_SHA256, sign_headers
 from store.errors import EcstoreError, Unavailable, error_from_response
+from store.fetch import FragmentFetcher
 
 MAX_CONNECTIONS = 256
 MAX_CONNECTIONS_PER_NODE = 32
@@ -90,6 +91,7 @@ class Transport:
     def __init__(self, secret: str) -> None:
         self.secret = secret
         self._session: aiohttp.ClientSession | None = None
+        self._fetcher: FragmentFetcher | None = None
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -100,7 +102,20 @@ class Transport:
                 auto_decompress=False)
         return self._session
 
+    async def get_into(self, base_url: str, path: str, timeout_s: float) -> Reply:
+        """A signed GET whose body is read straight into one buffer (store/fetch.py): for
+        fragment bodies. The Reply's body is then a bytearray, its header names lower-case."""
+        if self._fetcher is None:
+            self._fetcher = FragmentFetcher(self.secret)
+        rid = request_id.get()
+        resp = await self._fetcher.get(base_url, path, timeout_s,
+                                       {REQUEST_ID_HEADER: rid} if rid is not None else None)
+        return Reply(resp.status, resp.headers, resp.body)  # type: ignore[arg-type]
+
     async def close(self) -> None:
+        if self._fetcher is not None:
+            self._fetcher.close()
+            self._fetcher = None
         if self._session is not None:
             await self._session.close()
             self._session = None

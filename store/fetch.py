@@ -1,0 +1,245 @@
+"""Fragment GETs read straight into one buffer per fragment.
+
+aiohttp hands a response body over as a list of chunks that it copies out of the socket
+buffer and then joins: two copies of every byte, plus its per-request Python. A segment
+read moves 4+ MiB, so the client's read path spent about a fifth of its time there. Here
+a keep-alive connection is an asyncio BufferedProtocol: the kernel copies the body once,
+into a bytearray sized from Content-Length, and nothing else touches it until the reader
+checks it.
+
+Only for `GET /v1/fragments/{fid}` to our own storage nodes, whose replies always carry
+Content-Length (aiohttp's web.Response). Anything unexpected - no Content-Length, a
+malformed head, a connection that dies - is an Unavailable error, as from the aiohttp
+path, and the connection is dropped; the client's retry, hedging and handoff logic does
+the rest. A connection is reused only after a complete response that did not ask to
+close; one that a request gave up on (timeout, hedging loser) is aborted.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from store.auth import EMPTY_SHA256, sign_headers
+from store.errors import EcstoreError, Unavailable, error_from_response
+
+MAX_HEAD_BYTES = 64 * 1024
+MAX_BODY_BYTES = 128 * 1024 * 1024
+MAX_IDLE_PER_NODE = 32
+CONNECT_TIMEOUT_S = 3.0
+SCRATCH_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    headers: dict[str, str]       # names lower-cased
+    body: bytearray
+
+
+class _Conn(asyncio.BufferedProtocol):
+    """One HTTP/1.1 keep-alive connection; one request at a time."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._scratch = bytearray(SCRATCH_BYTES)
+        self._head = bytearray()
+        self._body: bytearray | None = None
+        self._view: memoryview | None = None
+        self._got = 0
+        self._fut: asyncio.Future[Response] | None = None
+        self._status = 0
+        self._headers: dict[str, str] = {}
+        self._keep = False
+        self.reusable = False
+
+    # -- asyncio callbacks --
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._fail(f"connection lost: {exc or 'closed by the node'}")
+
+    def eof_received(self) -> bool:
+        return False   # close our side too
+
+    def get_buffer(self, sizehint: int) -> memoryview | bytearray:
+        if self._view is not None and self._got < len(self._view):
+            return self._view[self._got:]
+        return self._scratch
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._view is not None:
+            self._got += nbytes
+            if self._got == len(self._view):
+                self._complete()
+            return
+        if self._fut is None:            # bytes nobody asked for
+            self._abort("unexpected bytes on an idle connection")
+            return
+        self._head += self._scratch[:nbytes]
+        end = self._head.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self._head) > MAX_HEAD_BYTES:
+                self._abort("response head too large")
+            return
+        try:
+            length = self._parse_head(bytes(self._head[:end]))
+        except ValueError as exc:
+            self._abort(f"malformed response: {exc}")
+            return
+        rest = self._head[end + 4:]
+        self._head = bytearray()
+        if len(rest) > length:
+            self._abort("more bytes than Content-Length")
+            return
+        self._body = bytearray(length)
+        self._view = memoryview(self._body)
+        self._view[:len(rest)] = rest
+        self._got = len(rest)
+        if self._got == length:
+            self._complete()
+
+    # -- our side --
+    def start(self, request: bytes) -> asyncio.Future[Response]:
+        assert self.transport is not None and self._fut is None
+        self._fut = asyncio.get_running_loop().create_future()
+        self.reusable = False
+        self.transport.write(request)
+        return self._fut
+
+    def abort(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _parse_head(self, head: bytes) -> int:
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1."):
+            raise ValueError("no status line")
+        self._status = int(parts[1])
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep:
+                raise ValueError("header line without a colon")
+            headers[name.strip().lower()] = value.strip()
+        self._headers = headers
+        if "transfer-encoding" in headers:
+            raise ValueError("chunked body")
+        length = int(headers.get("content-length", "-1"))
+        if not 0 <= length <= MAX_BODY_BYTES:
+            raise ValueError(f"Content-Length {length}")
+        self._keep = headers.get("connection", "").lower() != "close" and parts[0] == "HTTP/1.1"
+        return length
+
+    def _complete(self) -> None:
+        fut, body = self._fut, self._body
+        self._fut, self._body, self._view, self._got = None, None, None, 0
+        self.reusable = self._keep
+        if fut is not None and not fut.done():
+            assert body is not None
+            fut.set_result(Response(self._status, self._headers, body))
+
+    def _fail(self, why: str) -> None:
+        fut = self._fut
+        self._fut, self._body, self._view = None, None, None
+        if fut is not None and not fut.done():
+            fut.set_exception(ConnectionError(why))
+
+    def _abort(self, why: str) -> None:
+        self._fail(why)
+        self.abort()
+
+
+class FragmentFetcher:
+    """Keep-alive connections per node and the signed GET over them."""
+
+    def __init__(self, secret: str) -> None:
+        self.secret = secret
+        self._idle: dict[tuple[str, int], list[_Conn]] = {}
+        self._addr: dict[str, tuple[str, int]] = {}
+
+    def _address(self, base_url: str) -> tuple[str, int]:
+        addr = self._addr.get(base_url)
+        if addr is None:
+            u = urlsplit(base_url)
+            if u.scheme != "http" or not u.hostname:
+                raise ValueError(f"not an http URL: {base_url}")
+            addr = self._addr[base_url] = (u.hostname, u.port or 80)
+        return addr
+
+    async def _connection(self, addr: tuple[str, int], reuse: bool) -> tuple[_Conn, bool]:
+        """An idle connection (reused: True) or a new one."""
+        idle = self._idle.get(addr)
+        while reuse and idle:
+            conn = idle.pop()
+            if not conn.closed:
+                return conn, True
+        loop = asyncio.get_running_loop()
+        _, conn = await asyncio.wait_for(
+            loop.create_connection(_Conn, addr[0], addr[1]), CONNECT_TIMEOUT_S)
+        return conn, False
+
+    def _release(self, addr: tuple[str, int], conn: _Conn) -> None:
+        idle = self._idle.setdefault(addr, [])
+        if conn.reusable and not conn.closed and len(idle) < MAX_IDLE_PER_NODE:
+            idle.append(conn)
+        else:
+            conn.abort()
+
+    async def get(self, base_url: str, path: str, timeout_s: float,
+                  extra_headers: dict[str, str] | None = None) -> Response:
+        """One signed GET; raises the node's error, or Unavailable if it cannot be had.
+
+        A reused connection that the node closed while idle is retried once on a new one."""
+        addr = self._address(base_url)
+        hdrs = sign_headers(self.secret, "GET", path, EMPTY_SHA256)
+        if extra_headers:
+            hdrs.update(extra_headers)
+        head = "".join(f"{k}: {v}\r\n" for k, v in hdrs.items())
+        request = (f"GET {path} HTTP/1.1\r\nHost: {addr[0]}:{addr[1]}\r\n{head}"
+                   "Content-Length: 0\r\n\r\n").encode("latin-1")
+        try:
+            async with asyncio.timeout(timeout_s):
+                for attempt in (0, 1):
+                    conn, reused = await self._connection(addr, reuse=attempt == 0)
+                    try:
+                        resp = await conn.start(request)
+                    except ConnectionError:
+                        conn.abort()
+                        if reused:
+                            continue   # most likely an idle connection the node closed
+                        raise
+                    except BaseException:   # cancelled (timeout, hedging): mid-response
+                        conn.abort()
+                        raise
+                    self._release(addr, conn)
+                    break
+        except (ConnectionError, OSError, TimeoutError, ValueError) as exc:
+            raise Unavailable(f"{base_url} unreachable: {type(exc).__name__} {exc}") from None
+        if resp.status >= 400:
+            raise error_from_response(resp.status, _json(resp.body))
+        return resp
+
+    def close(self) -> None:
+        for conns in self._idle.values():
+            for conn in conns:
+                conn.abort()
+        self._idle.clear()
+
+
+def _json(body: bytes | bytearray) -> dict[str, Any] | None:
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+__all__ = ["FragmentFetcher", "Response", "EcstoreError"]
