@@ -30,7 +30,7 @@ from store import codec
 from store.auth import CHECKSUM_HEADER
 from store.cache import SegmentCache
 from store.cluster import ClusterInfo
-from store.errors import BadRequest, Conflict, Corrupt, EcstoreError, NotFound, Unavailable
+from store.errors import BadRequest, Conflict, Corrupt, EcstoreError, NotFound, Unavailable, Unreachable
 from store.listing import ListResult, merge_listing
 from store.metadata import MetaQuorum, effective_quorums, first_answers
 from store.names import SYSTEM_BUCKETS, check_bucket_name, check_key
@@ -52,6 +52,7 @@ READS_FLUSH_S = 5.0            # read counts are sent to the control nodes this 
 MAX_PENDING_READS = 50_000     # ... or at once when this many objects have been read
 READS_PER_REQUEST = 5_000
 SUSPECT_S = 10.0               # a node found stalled is passed over this long, then tried again
+DOWN_S = 3.0                   # one that refused a connection: its fragments are read last
 DEFAULT_SEGMENT_SLOTS = 32     # segments in memory across all of a client's puts and gets
 MAX_INFLIGHT_SEGMENTS = 4      # put pipeline depth: memory ~ this x segment x (k+m)/k
 READAHEAD_SEGMENTS = 2         # get stream read-ahead
@@ -519,8 +520,8 @@ class Client:
         del self._suspect[node.id]
         return False
 
-    def _mark_suspect(self, node: Node) -> None:
-        self._suspect[node.id] = time.monotonic() + SUSPECT_S
+    def _mark_suspect(self, node: Node, for_s: float = SUSPECT_S) -> None:
+        self._suspect[node.id] = max(self._suspect.get(node.id, 0.0), time.monotonic() + for_s)
 
     @staticmethod
     def _straggler_grace(start: float) -> float:
@@ -805,6 +806,8 @@ class Client:
                 return
             except EcstoreError as exc:
                 errors.append(f"{nodes[i].id}/{i}: {exc.code}")
+                if isinstance(exc, Unreachable):  # down: the next reads go around it
+                    self._mark_suspect(nodes[i], DOWN_S)
             prev = self._previous_node(cmap, record, ext, seg, i)
             if prev is not None and prev.id != nodes[i].id:  # not moved yet by a rebalance
                 try:

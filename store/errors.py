@@ -65,6 +65,11 @@ class Unavailable(EcstoreError):
     status, code = 503, "unavailable"
 
 
+class Unreachable(Unavailable):
+    """A node refused or dropped the connection (client side only: never sent by a
+    server, so not in ERRORS_BY_CODE; a server reports it as `unavailable`)."""
+
+
 ERRORS_BY_CODE: dict[str, type[EcstoreError]] = {
     cls.code: cls
     for cls in (BadRequest, Unauthorized, Forbidden, NotFound, Conflict, TooLarge,

@@ -9,8 +9,8 @@ checks it.
 
 Only for `GET /v1/fragments/{fid}` to our own storage nodes, whose replies always carry
 Content-Length (aiohttp's web.Response). Anything unexpected - no Content-Length, a
-malformed head, a connection that dies - is an Unavailable error, as from the aiohttp
-path, and the connection is dropped; the client's retry, hedging and handoff logic does
+malformed head, a connection that dies - is an Unreachable error (an Unavailable, as
+from the aiohttp path), and the connection is dropped; the client's retry, hedging and handoff logic does
 the rest. A connection is reused only after a complete response that did not ask to
 close; one that a request gave up on (timeout, hedging loser) is aborted.
 """
@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from store.auth import EMPTY_SHA256, sign_headers
-from store.errors import EcstoreError, Unavailable, error_from_response
+from store.errors import EcstoreError, Unreachable, error_from_response
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_BODY_BYTES = 128 * 1024 * 1024
@@ -222,7 +222,7 @@ class FragmentFetcher:
                     self._release(addr, conn)
                     break
         except (ConnectionError, OSError, TimeoutError, ValueError) as exc:
-            raise Unavailable(f"{base_url} unreachable: {type(exc).__name__} {exc}") from None
+            raise Unreachable(f"{base_url} unreachable: {type(exc).__name__} {exc}") from None
         if resp.status >= 400:
             raise error_from_response(resp.status, _json(resp.body))
         return resp

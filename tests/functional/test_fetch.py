@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from store.errors import NotFound, Unavailable
+from store.errors import NotFound, Unavailable, Unreachable
 from store.fetch import FragmentFetcher
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -125,7 +125,7 @@ def test_a_misbehaving_node_is_unavailable_not_a_hang(misbehaviour: str) -> None
         f = FragmentFetcher("secret")
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        with pytest.raises(Unavailable):
+        with pytest.raises(Unreachable):
             await f.get(url, "/v1/fragments/x", 1.0)
         assert loop.time() - t0 < 2.0
         assert not any(f._idle.values())   # nothing half-read goes back to the pool
@@ -136,7 +136,7 @@ def test_a_misbehaving_node_is_unavailable_not_a_hang(misbehaviour: str) -> None
 def test_unreachable_node_is_unavailable() -> None:
     async def go() -> None:
         f = FragmentFetcher("secret")
-        with pytest.raises(Unavailable):
+        with pytest.raises(Unreachable):
             await f.get("http://127.0.0.1:9", "/v1/fragments/x", 2.0)   # discard port: closed
     asyncio.run(go())
 
