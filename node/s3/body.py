@@ -24,9 +24,12 @@ import base64
 import binascii
 import hashlib
 import hmac
+import os
 import re
 import zlib
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -44,6 +47,8 @@ from node.s3.sigv4 import (
     trailer_signature,
 )
 
+THREAD_HASH_MIN_BYTES = 256 * 1024   # bodies at least this large are hashed beside the loop
+THREAD_HASH_AHEAD_BYTES = 8 << 20    # at most this much read but not hashed yet, per body
 MAX_LINE_BYTES = 4096  # an aws-chunked size line or trailer line, CRLF included
 MAX_TRAILER_LINES = 8
 DIGEST_BYTES = {"crc32": 4, "crc32c": 4, "crc64nvme": 8, "sha1": 20, "sha256": 32}
@@ -252,6 +257,19 @@ def _bad_signature() -> S3Error:
                    "provided. Check your key and signing method.", 403)
 
 
+_hasher: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _hash_thread() -> ThreadPoolExecutor:
+    """One thread per process that hashes large bodies (MD5, SHA-256, checksum) while the
+    event loop goes on reading and encoding: hashlib and zlib let go of the GIL. One
+    thread, so a body's pieces are hashed in the order they came."""
+    global _hasher
+    if _hasher is None or _hasher[0] != os.getpid():   # a forked gateway worker makes its own
+        _hasher = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="s3-body-hash"))
+    return _hasher[1]
+
+
 class BodyReader:
     """Wraps a request's byte stream; yields decoded payload bytes; verifies everything it can.
     After iteration completes without error: .md5_hex (MD5 of the decoded payload, always computed: it is the ETag),
@@ -271,6 +289,9 @@ class BodyReader:
         self._expected_checksum = self.plan.checksum_expected
         self._size_bytes = 0
         self._started = self._done = False
+        self._threaded = (self.plan.declared_bytes or 0) >= THREAD_HASH_MIN_BYTES
+        self._hashing: deque[tuple[asyncio.Future[None], int]] = deque()
+        self._hashing_bytes = 0
 
     @property
     def md5_hex(self) -> str:
@@ -301,14 +322,33 @@ class BodyReader:
         try:
             async for piece in source:
                 yield piece
+                await self._hash_backlog(THREAD_HASH_AHEAD_BYTES)
         except (asyncio.IncompleteReadError, ConnectionError, HttpProcessingError) as exc:
             raise _incomplete() from exc
+        finally:
+            await self._hash_backlog(0)
         self._finish()
 
     def _count(self, piece: bytes) -> None:
         self._size_bytes += len(piece)
         if self._size_bytes > self._max_bytes:
             raise _too_large()
+        if self._threaded:
+            fut = asyncio.get_running_loop().run_in_executor(_hash_thread(), self._hash, piece)
+            self._hashing.append((fut, len(piece)))
+            self._hashing_bytes += len(piece)
+        else:
+            self._hash(piece)
+
+    async def _hash_backlog(self, keep_bytes: int) -> None:
+        """Wait until at most `keep_bytes` read are still to be hashed."""
+        while self._hashing and self._hashing_bytes > keep_bytes:
+            fut, size = self._hashing[0]
+            await asyncio.shield(fut)   # a cancelled request still lets the hash finish
+            self._hashing.popleft()
+            self._hashing_bytes -= size
+
+    def _hash(self, piece: bytes) -> None:
         self._md5.update(piece)
         if self._sha256 is not None:
             self._sha256.update(piece)

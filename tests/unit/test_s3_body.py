@@ -618,3 +618,27 @@ def test_boto3_put_object_over_http_end_to_end(algorithm: str | None) -> None:
     assert payload == data and set(reader.checksums) == {(algorithm or "CRC32").lower()}
     fails("XAmzContentSHA256Mismatch", 400, raw[:-1] + b"!", {k: v for k, v in headers.items()
                                                                if not k.startswith("x-amz-checksum")}, auth)
+
+
+@pytest.mark.parametrize("threshold", [0, 1 << 40], ids=["hashed-in-thread", "hashed-inline"])
+def test_large_bodies_hashed_beside_the_loop_check_the_same(threshold: int,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bodies of 256 KiB or more are hashed in a thread, pieces in order, with a bounded
+    backlog; every check S3 makes must give the same answer as hashing inline."""
+    monkeypatch.setattr(body_module, "THREAD_HASH_MIN_BYTES", threshold)
+    monkeypatch.setattr(body_module, "THREAD_HASH_AHEAD_BYTES", 50_000)   # the backlog bound bites
+    data = bytes(range(256)) * 3000 + b"tail"                            # ~750 KiB
+    crc = b64(zlib.crc32(data).to_bytes(4, "big"))
+    got, reader = read(data, plain(data, **{"Content-MD5": md5_b64(data), "x-amz-checksum-crc32": crc}),
+                       max_read_bytes=7_001)                             # many small pieces
+    assert got == data
+    assert reader.md5_hex == hashlib.md5(data).hexdigest()
+    assert reader.checksums == {"crc32": crc}
+    fails("BadDigest", 400, data, plain(data, **{"Content-MD5": md5_b64(data[:-1])}), max_read_bytes=7_001)
+    fails("BadDigest", 400, data, plain(data, **{"x-amz-checksum-crc32": b64(b"\0\0\0\0")}))
+    wrong = AuthResult("AKID", hashlib.sha256(data[:-1]).hexdigest(), b"k", "seed", "20261201T000000Z",
+                       "20261201/us-east-1/s3/aws4_request", False)
+    fails("XAmzContentSHA256Mismatch", 400, data, plain(data), wrong, max_read_bytes=7_001)
+    right = AuthResult("AKID", hashlib.sha256(data).hexdigest(), b"k", "seed", "20261201T000000Z",
+                       "20261201/us-east-1/s3/aws4_request", False)
+    assert read(data, plain(data), right, max_read_bytes=7_001)[0] == data
