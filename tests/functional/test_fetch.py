@@ -1,5 +1,6 @@
 """store.fetch: fragment GETs into one buffer, against raw TCP servers that misbehave on
-purpose (a real storage node is exercised by every cluster test's reads)."""
+purpose (a real storage node is exercised by every cluster test's reads). Every failure to
+get a reply is Unreachable (an Unavailable), so readers mark the node down briefly."""
 from __future__ import annotations
 
 import asyncio
@@ -7,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from store.errors import NotFound, Unavailable, Unreachable
+from store.errors import NotFound, Unreachable
 from store.fetch import FragmentFetcher
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
