@@ -42,7 +42,8 @@ def order(record: dict[str, Any]) -> tuple[int, str]:
 
 
 class MetaDB:
-    """Blocking RocksDB access; every call is short (one key or one page)."""
+    """Blocking RocksDB access; every call is short (one key or one page). Reads from
+    anywhere; writes only through `write` (a GroupCommit's batches)."""
 
     def __init__(self, path: Path, sync: bool = True) -> None:
         path.mkdir(parents=True, exist_ok=True)
@@ -59,14 +60,6 @@ class MetaDB:
         raw = self.db.get(k)
         return None if raw is None else unpack(raw)
 
-    def put_newest(self, k: bytes, record: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
-        """Store record unless a newer one is there; returns (applied, current)."""
-        current = self.get(k)
-        if current is not None and order(current) >= order(record):
-            return False, current
-        self.db.put(k, pack(record), self.write_opts)
-        return True, record
-
     def write(self, writes: dict[bytes, bytes | None], sync: bool) -> None:
         """Puts (bytes) and deletes (None) as one atomic write."""
         wb = WriteBatch(raw_mode=True)
@@ -76,12 +69,6 @@ class MetaDB:
             else:
                 wb.put(k, v)
         self.db.write(wb, self.write_opts if sync else self.lazy_opts)
-
-    def put_lazy(self, k: bytes, record: dict[str, Any]) -> None:
-        self.db.put(k, pack(record), self.lazy_opts)
-
-    def delete(self, k: bytes) -> None:
-        self.db.delete(k, self.write_opts)
 
     def scan(self, prefix: bytes, after: bytes, limit: int) -> tuple[list[tuple[bytes, dict[str, Any]]], bool]:
         """Records whose key starts with prefix and sorts after `after`, sorted."""
@@ -102,8 +89,6 @@ class MetaDB:
     def get_map(self) -> bytes | None:
         return self.db.get(MAP_KEY)
 
-    def put_map(self, data: bytes) -> None:
-        self.db.put(MAP_KEY, data, self.write_opts)
 
 
 class View:
@@ -120,8 +105,8 @@ class View:
     def get_raw(self, k: bytes) -> bytes | None:
         if k in self.staged:
             return self.staged[k]
-        raw = self.db.db.get(k)
-        return None if raw is None else bytes(raw)
+        raw: bytes | None = self.db.db.get(k)   # raw_mode: bytes already
+        return raw
 
     def get(self, k: bytes) -> dict[str, Any] | None:
         raw = self.get_raw(k)

@@ -5,6 +5,8 @@ The client turns a status and error code back into the same class.
 """
 from __future__ import annotations
 
+import json
+
 
 class EcstoreError(Exception):
     """Base of every error ecstore raises on purpose."""
@@ -75,6 +77,15 @@ ERRORS_BY_CODE: dict[str, type[EcstoreError]] = {
     for cls in (BadRequest, Unauthorized, Forbidden, NotFound, Conflict, TooLarge,
                 RangeNotSatisfiable, Corrupt, InsufficientStorage, Unavailable, EcstoreError)
 }
+
+
+def error_from_body(status: int, body: bytes | bytearray) -> EcstoreError:
+    """The error a server raised, from its status and raw (JSON, or anything) body."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        value = None
+    return error_from_response(status, value if isinstance(value, dict) else None)
 
 
 def error_from_response(status: int, body: dict[str, object] | None) -> EcstoreError:

@@ -17,13 +17,11 @@ close; one that a request gave up on (timeout, hedging loser) is aborted.
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import urlsplit
 
 from store.auth import EMPTY_SHA256, sign_headers
-from store.errors import EcstoreError, Unreachable, error_from_response
+from store.errors import EcstoreError, Unreachable, error_from_body
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_BODY_BYTES = 128 * 1024 * 1024
@@ -224,7 +222,7 @@ class FragmentFetcher:
         except (ConnectionError, OSError, TimeoutError, ValueError) as exc:
             raise Unreachable(f"{base_url} unreachable: {type(exc).__name__} {exc}") from None
         if resp.status >= 400:
-            raise error_from_response(resp.status, _json(resp.body))
+            raise error_from_body(resp.status, resp.body)
         return resp
 
     def close(self) -> None:
@@ -232,14 +230,6 @@ class FragmentFetcher:
             for conn in conns:
                 conn.abort()
         self._idle.clear()
-
-
-def _json(body: bytes | bytearray) -> dict[str, Any] | None:
-    try:
-        value = json.loads(body)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
 
 
 __all__ = ["FragmentFetcher", "Response", "EcstoreError"]

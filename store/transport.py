@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
-import json
 import random
 import re
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -19,7 +18,7 @@ import aiohttp
 from yarl import URL
 
 from store.auth import EMPTY_SHA256, sign_headers
-from store.errors import EcstoreError, Unavailable, error_from_response
+from store.errors import EcstoreError, Unavailable, error_from_body
 from store.fetch import FragmentFetcher
 
 MAX_CONNECTIONS = 256
@@ -148,16 +147,8 @@ class Transport:
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             raise Unavailable(f"{base_url} unreachable: {type(exc).__name__} {exc}") from None
         if reply.status >= 400 and not (ok_404 and reply.status == 404):
-            raise error_from_response(reply.status, _json(reply.body))
+            raise error_from_body(reply.status, reply.body)
         return reply
-
-
-def _json(body: bytes) -> dict[str, Any] | None:
-    try:
-        value = json.loads(body)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def quote_key(key: str) -> str:
