@@ -309,7 +309,7 @@ class ClusterMap:
         return msgpack.packb(self.to_dict(), use_bin_type=True)
 
     @staticmethod
-    def from_bytes(b: bytes) -> "ClusterMap":
+    def from_bytes(b: bytes | bytearray) -> "ClusterMap":
         """Decode and check ``to_bytes`` output.  Raises ValueError on anything invalid."""
         if not isinstance(b, (bytes, bytearray, memoryview)):
             raise ValueError(f"cluster map must be bytes, got {type(b).__name__}")

@@ -529,7 +529,7 @@ class Client:
         return max(STRAGGLER_MIN_S, STRAGGLER_FACTOR * (time.monotonic() - start))
 
     @operation
-    async def put_fragment(self, node: Node, fid: str, body: bytes,
+    async def put_fragment(self, node: Node, fid: str, body: bytes | bytearray | memoryview,
                             meta: dict[str, Any]) -> None:
         checksum = hashlib.sha256(body).hexdigest()
         meta = {**meta, "crc32": zlib.crc32(body)}   # what readers check (FRAGMENT_CRC_HEADER)
@@ -796,7 +796,7 @@ class Client:
         ext = extent or record_extents(record)[0]
         nodes = expected_fragment_nodes(cmap, record, seg, ext)
         vid = ext.version_id
-        good: dict[int, bytes] = {}
+        good: dict[int, bytes | bytearray] = {}
         errors: list[str] = []
 
         async def fetch(i: int) -> None:
@@ -877,7 +877,7 @@ class Client:
         return cmap.previous_fragment_node(record_policy(cmap, record), ext.version_id, seg, i)
 
     @operation
-    async def get_fragment(self, node: Node, fid: str) -> bytes:
+    async def get_fragment(self, node: Node, fid: str) -> bytearray:
         self.read_stats["fragment_gets"] += 1
         reply = await self.t.get_into(node.address, f"/v1/fragments/{fid}", FRAGMENT_TIMEOUT_S)
         if not fragment_intact(reply.body, reply.headers):
@@ -997,7 +997,7 @@ class _CountedQuorum(MetaQuorum):
             raise
 
 
-def fragment_intact(body: bytes, headers: Mapping[str, str]) -> bool:
+def fragment_intact(body: bytes | bytearray, headers: Mapping[str, str]) -> bool:
     """The fragment body matches what its node stored: its CRC-32 when the node sent one
     (fast), else - or when the CRC does not match - its SHA-256."""
     crc = headers.get(FRAGMENT_CRC_HEADER)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from functools import lru_cache
 
 from pyeclib.ec_iface import ECDriver
@@ -29,7 +30,7 @@ def encode(k: int, m: int, ec_type: str, segment: bytes | memoryview) -> list[by
     return driver(k, m, ec_type).encode(bytes(segment) if isinstance(segment, memoryview) else segment)
 
 
-def decode(k: int, m: int, ec_type: str, fragments: list[bytes]) -> bytes:
+def decode(k: int, m: int, ec_type: str, fragments: Sequence[bytes | bytearray]) -> bytes:
     """The segment from any k fragments (more are ignored).
 
     When the first k given are the k data fragments in order (every healthy read), the
@@ -47,11 +48,11 @@ def decode(k: int, m: int, ec_type: str, fragments: list[bytes]) -> bytes:
         raise Corrupt(f"decode failed: {exc}") from None
 
 
-def _rebuild_data(k: int, m: int, ec_type: str, fragments: list[bytes]) -> bytes | None:
+def _rebuild_data(k: int, m: int, ec_type: str, fragments: Sequence[bytes | bytearray]) -> bytes | None:
     """A degraded read: only the missing data fragments rebuilt (pyeclib's reconstruct),
     then joined with the data fragments at hand - ~30% less work than a full decode,
     which copies the whole segment out of every fragment. None: let decode do it."""
-    by_idx: dict[int, bytes] = {}
+    by_idx: dict[int, bytes | bytearray] = {}
     for frag in fragments:
         if len(frag) < HEADER_BYTES or _MAGIC.unpack_from(frag, _MAGIC_AT)[0] != FRAGMENT_MAGIC:
             return None
@@ -68,12 +69,12 @@ def _rebuild_data(k: int, m: int, ec_type: str, fragments: list[bytes]) -> bytes
     return join_data_fragments(k, [by_idx[i] for i in range(k)])
 
 
-def _as_bytes(fragments: list[bytes]) -> list[bytes]:
+def _as_bytes(fragments: Sequence[bytes | bytearray]) -> list[bytes]:
     """pyeclib takes bytes only (fragment reads give bytearrays)."""
     return [f if type(f) is bytes else bytes(f) for f in fragments]
 
 
-def join_data_fragments(k: int, fragments: list[bytes]) -> bytes | None:
+def join_data_fragments(k: int, fragments: Sequence[bytes | bytearray]) -> bytes | None:
     """The segment from data fragments 0..k-1 (fragments[i] must be fragment i), or None
     if they are not exactly that with consistent headers (the caller decodes instead).
     The fragments' integrity is not checked here: readers verify their checksums first."""
@@ -100,7 +101,8 @@ def join_data_fragments(k: int, fragments: list[bytes]) -> bytes | None:
     return b"".join(pieces)
 
 
-def reconstruct(k: int, m: int, ec_type: str, fragments: list[bytes], missing: list[int]) -> list[bytes]:
+def reconstruct(k: int, m: int, ec_type: str, fragments: Sequence[bytes | bytearray],
+                missing: list[int]) -> list[bytes]:
     try:
         return driver(k, m, ec_type).reconstruct(_as_bytes(fragments), missing)
     except Exception as exc:

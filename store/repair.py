@@ -127,7 +127,7 @@ class RepairWorker:
         rec, r = plan.record, self.report
         k, m = rec["k"], rec["m"]
         vid = seg.version_id or rec["version_id"]
-        got: dict[int, bytes] = {}
+        got: dict[int, bytes | bytearray] = {}
         for i, node in sorted(seg.present.items()):
             if len(got) == k:
                 break

@@ -3,7 +3,6 @@ the operation it belongs to (REQUEST_ID_HEADER), so that one operation can be tr
 across every node it touched (`grep ID logs/*.log`)."""
 from __future__ import annotations
 
-import asyncio
 import functools
 import hashlib
 import random
@@ -14,16 +13,10 @@ from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 from urllib.parse import quote, urlencode
 
-import aiohttp
-from yarl import URL
+from store.auth import EMPTY_SHA256
+from store.errors import EcstoreError, error_from_body
+from store.fetch import NodeClient
 
-from store.auth import EMPTY_SHA256, sign_headers
-from store.errors import EcstoreError, Unavailable, error_from_body
-from store.fetch import FragmentFetcher
-
-MAX_CONNECTIONS = 256
-MAX_CONNECTIONS_PER_NODE = 32
-CONNECT_TIMEOUT_S = 3.0
 REQUEST_ID_HEADER = "x-ecstore-request-id"
 REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}")   # what a node accepts from a peer
 P = ParamSpec("P")
@@ -82,73 +75,54 @@ async def traced_stream(stream: AsyncGenerator[T, None]) -> AsyncGenerator[T, No
 @dataclass(frozen=True)
 class Reply:
     status: int
-    headers: dict[str, str]
-    body: bytes
+    headers: dict[str, str]     # names lower-case
+    body: bytearray
 
 
 class Transport:
+    """Signed requests to the cluster's nodes (store/fetch.py's keep-alive client)."""
+
     def __init__(self, secret: str) -> None:
         self.secret = secret
-        self._session: aiohttp.ClientSession | None = None
-        self._fetcher: FragmentFetcher | None = None
+        self._client: NodeClient | None = None
 
     @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS,
-                                               limit_per_host=MAX_CONNECTIONS_PER_NODE),
-                auto_decompress=False)
-        return self._session
+    def client(self) -> NodeClient:
+        if self._client is None:
+            self._client = NodeClient(self.secret)
+        return self._client
 
     async def get_into(self, base_url: str, path: str, timeout_s: float) -> Reply:
-        """A signed GET whose body is read straight into one buffer (store/fetch.py): for
-        fragment bodies. The Reply's body is then a bytearray, its header names lower-case."""
-        if self._fetcher is None:
-            self._fetcher = FragmentFetcher(self.secret)
-        rid = request_id.get()
-        resp = await self._fetcher.get(base_url, path, timeout_s,
-                                       {REQUEST_ID_HEADER: rid} if rid is not None else None)
-        return Reply(resp.status, resp.headers, resp.body)  # type: ignore[arg-type]
+        """A signed GET of a fragment: the node's error raised, the body a bytearray."""
+        return await self.request("GET", base_url, path, timeout_s=timeout_s)
 
     async def close(self) -> None:
-        if self._fetcher is not None:
-            self._fetcher.close()
-            self._fetcher = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
 
     async def request(self, method: str, base_url: str, path: str, *,
-                      body: bytes = b"", checksum: str | None = None,
+                      body: bytes | bytearray | memoryview = b"", checksum: str | None = None,
                       query: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
                       timeout_s: float = 10.0, ok_404: bool = False) -> Reply:
-        """Send one signed request; raise the server's error, or Unavailable if unreachable.
+        """Send one signed request; raise the server's error, or Unavailable (Unreachable)
+        if no reply came within `timeout_s`.
 
-        `path` must already be quoted. With ok_404, a 404 is returned, not raised.
+        `path` must already be quoted. With ok_404, a 404 is returned, not raised. The
+        reply's header names are lower-case, its body a bytearray.
         """
         path_qs = path + ("?" + urlencode(query) if query else "")
         if checksum is None:
             checksum = hashlib.sha256(body).hexdigest() if body else EMPTY_SHA256
-        hdrs = sign_headers(self.secret, method, path_qs, checksum)
         rid = request_id.get()
+        extra = dict(headers) if headers else {}
         if rid is not None:
-            hdrs[REQUEST_ID_HEADER] = rid
-        if headers:
-            hdrs.update(headers)
-        # sock_connect, not connect: a wait for a pooled connection is the client's own
-        # queue, not a sign of a dead node (it counts against `total` only)
-        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=CONNECT_TIMEOUT_S)
-        try:
-            async with self.session.request(method, URL(base_url + path_qs, encoded=True), data=body or None,
-                                            headers=hdrs, timeout=timeout) as resp:
-                data = await resp.read()
-                reply = Reply(resp.status, dict(resp.headers), data)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            raise Unavailable(f"{base_url} unreachable: {type(exc).__name__} {exc}") from None
-        if reply.status >= 400 and not (ok_404 and reply.status == 404):
-            raise error_from_body(reply.status, reply.body)
-        return reply
+            extra[REQUEST_ID_HEADER] = rid
+        resp = await self.client.request(method, base_url, path_qs, timeout_s, body, checksum,
+                                         extra)
+        if resp.status >= 400 and not (ok_404 and resp.status == 404):
+            raise error_from_body(resp.status, resp.body)
+        return Reply(resp.status, resp.headers, resp.body)
 
 
 def quote_key(key: str) -> str:

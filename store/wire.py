@@ -15,7 +15,7 @@ def pack(value: Any) -> bytes:
     return msgpack.packb(value, use_bin_type=True)
 
 
-def unpack(data: bytes, max_bytes: int = MAX_RECORD_BYTES) -> Any:
+def unpack(data: bytes | bytearray | memoryview, max_bytes: int = MAX_RECORD_BYTES) -> Any:
     """Decode msgpack with bounded sizes; BadRequest on garbage."""
     if len(data) > max_bytes:
         raise BadRequest(f"body of {len(data)} bytes exceeds {max_bytes}")

@@ -1,15 +1,21 @@
-"""store.fetch: fragment GETs into one buffer, against raw TCP servers that misbehave on
-purpose (a real storage node is exercised by every cluster test's reads). Every failure to
+"""store.fetch: requests between components (bodies read into one buffer), against raw
+TCP servers that misbehave on purpose, and against a real storage node. Every failure to
 get a reply is Unreachable (an Unavailable), so readers mark the node down briefly."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import os
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
-from store.errors import NotFound, Unreachable
-from store.fetch import FragmentFetcher
+from store.errors import BadRequest, NotFound, Unauthorized, Unreachable
+from store.fetch import MAX_IN_FLIGHT_PER_NODE, NodeClient
+from store.transport import Transport
+from tests.functional.harness import SECRET
+from tests.functional.harness import run as run_storage_node
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -61,7 +67,7 @@ def test_body_read_whole_and_connection_kept_alive() -> None:
                 await w.drain()
 
     async def fn(url: str, connections: list[int]) -> None:
-        f = FragmentFetcher("secret")
+        f = NodeClient("secret")
         for _ in range(5):
             resp = await f.get(url, "/v1/fragments/x", 5.0)
             assert resp.status == 200 and bytes(resp.body) == body
@@ -78,7 +84,7 @@ def test_errors_are_the_nodes_errors() -> None:
             w.write(reply(404, b'{"error": "not_found", "message": "fragment x not found"}'))
 
     async def fn(url: str, connections: list[int]) -> None:
-        f = FragmentFetcher("secret")
+        f = NodeClient("secret")
         for _ in range(2):
             with pytest.raises(NotFound, match="fragment x not found"):
                 await f.get(url, "/v1/fragments/x", 5.0)
@@ -94,7 +100,7 @@ def test_idle_connection_closed_by_the_node_is_retried_once() -> None:
         await w.drain()
 
     async def fn(url: str, connections: list[int]) -> None:
-        f = FragmentFetcher("secret")
+        f = NodeClient("secret")
         for _ in range(3):
             assert bytes((await f.get(url, "/v1/fragments/x", 5.0)).body) == b"abc"
             await asyncio.sleep(0.05)     # the close arrives while the connection is idle
@@ -123,7 +129,7 @@ def test_a_misbehaving_node_is_unavailable_not_a_hang(misbehaviour: str) -> None
         await asyncio.sleep(0.2)
 
     async def fn(url: str, connections: list[int]) -> None:
-        f = FragmentFetcher("secret")
+        f = NodeClient("secret")
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         with pytest.raises(Unreachable):
@@ -136,7 +142,7 @@ def test_a_misbehaving_node_is_unavailable_not_a_hang(misbehaviour: str) -> None
 
 def test_unreachable_node_is_unavailable() -> None:
     async def go() -> None:
-        f = FragmentFetcher("secret")
+        f = NodeClient("secret")
         with pytest.raises(Unreachable):
             await f.get("http://127.0.0.1:9", "/v1/fragments/x", 2.0)   # discard port: closed
     asyncio.run(go())
@@ -154,7 +160,7 @@ def test_cancelled_request_drops_its_connection() -> None:
             await w.drain()
 
     async def fn(url: str, connections: list[int]) -> None:
-        f = FragmentFetcher("secret")
+        f = NodeClient("secret")
         task = asyncio.ensure_future(f.get(url, "/v1/fragments/x", 5.0))
         await asyncio.sleep(0.1)
         task.cancel()
@@ -165,3 +171,133 @@ def test_cancelled_request_drops_its_connection() -> None:
         assert len(connections) == 2
         f.close()
     run(handler, fn)
+
+
+async def read_body(r: asyncio.StreamReader, head: bytes) -> bytes:
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    return await r.readexactly(length)
+
+
+@pytest.mark.parametrize("size", [0, 1000, 3 * 1024 * 1024])
+def test_request_body_sent_whole_and_connection_reused(size: int) -> None:
+    """Small bodies go with the head, large ones apart; either way the node reads exactly
+    Content-Length bytes and the connection serves the next request."""
+    sent = os.urandom(size)
+    got: list[bytes] = []
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            head = await read_request(r)
+            assert head.startswith(b"PUT /v1/fragments/x HTTP/1.1\r\n")
+            got.append(await read_body(r, head))
+            w.write(reply(201, b""))
+
+    async def fn(url: str, connections: list[int]) -> None:
+        f = NodeClient("secret")
+        for _ in range(3):
+            resp = await f.request("PUT", url, "/v1/fragments/x", 5.0, sent,
+                                   hashlib.sha256(sent).hexdigest())
+            assert resp.status == 201 and bytes(resp.body) == b""
+        assert got == [sent] * 3 and len(connections) == 1
+        f.close()
+    run(handler, fn)
+
+
+def test_no_body_statuses_and_head_need_no_content_length() -> None:
+    """204 carries no Content-Length from aiohttp, and a HEAD reply's Content-Length is
+    the size of a body that is not sent: neither may hang waiting for body bytes."""
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            head = await read_request(r)
+            if head.startswith(b"DELETE"):
+                w.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+            else:
+                w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 12345\r\n\r\n")
+
+    async def fn(url: str, connections: list[int]) -> None:
+        f = NodeClient("secret")
+        for method, status in (("DELETE", 204), ("HEAD", 200), ("DELETE", 204)):
+            resp = await f.request(method, url, "/v1/fragments/x", 2.0)
+            assert resp.status == status and resp.body == bytearray()
+        assert len(connections) == 1
+        f.close()
+    run(handler, fn)
+
+
+def test_a_refused_body_drops_the_connection() -> None:
+    """A node that answers 4xx to a request with a body may not have read the body: the
+    connection is not reused (its unread bytes would be read as the next request)."""
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(r)                 # the body is left unread
+            w.write(reply(401, b'{"error": "unauthorized", "message": "no"}'))
+            await w.drain()
+
+    async def fn(url: str, connections: list[int]) -> None:
+        f = NodeClient("secret")
+        for _ in range(2):
+            resp = await f.request("PUT", url, "/v1/fragments/x", 5.0, b"z" * 100)
+            assert resp.status == 401
+        assert len(connections) == 2 and not any(f._idle.values())
+        f.close()
+    run(handler, fn)
+
+
+def test_requests_in_flight_per_node_are_bounded() -> None:
+    """More concurrent requests than MAX_IN_FLIGHT_PER_NODE wait for a slot instead of
+    opening a connection each (a gateway under load would otherwise hit the node's
+    connection cap); all of them complete."""
+    active, peak = 0, 0
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        nonlocal active, peak
+        while True:
+            await read_request(r)
+            active += 1
+            peak = max(peak, active)
+            await asyncio.sleep(0.02)
+            active -= 1
+            w.write(reply(200, b"ok"))
+            await w.drain()
+
+    async def fn(url: str, connections: list[int]) -> None:
+        f = NodeClient("secret")
+        n = MAX_IN_FLIGHT_PER_NODE * 3
+        replies = await asyncio.gather(*(f.get(url, "/v1/fragments/x", 10.0) for _ in range(n)))
+        assert [bytes(x.body) for x in replies] == [b"ok"] * n
+        assert peak == MAX_IN_FLIGHT_PER_NODE and len(connections) <= MAX_IN_FLIGHT_PER_NODE
+        f.close()
+    run(handler, fn)
+
+
+def test_transport_against_a_real_storage_node(tmp_path: Path) -> None:
+    """Every route shape a component uses, through Transport, against a storage node:
+    PUT (201 then 200), GET with the body and lower-case headers, HEAD, 404 raised or
+    returned, a body that does not match its signed checksum (400, then the connection
+    is not reused but the next request works), a bad signature (401), DELETE (204)."""
+    async def go(t: Transport, url: str) -> None:
+        other = Transport(SECRET + "x")
+        try:
+            body = os.urandom(300_000)
+            path = "/v1/fragments/obj.s0.f1"
+            meta = {"x-ecstore-meta": ""}
+            assert (await t.request("PUT", url, path, body=body, headers=meta)).status == 201
+            assert (await t.request("PUT", url, path, body=body, headers=meta)).status == 200
+            got = await t.get_into(url, path, 5.0)
+            assert bytes(got.body) == body
+            assert got.headers["x-ecstore-checksum"] == hashlib.sha256(body).hexdigest()
+            assert (await t.request("HEAD", url, path)).headers["x-ecstore-size"] == str(len(body))
+            with pytest.raises(BadRequest):
+                await t.request("PUT", url, path, body=body[:-1], headers=meta,
+                                checksum=hashlib.sha256(body).hexdigest())
+            with pytest.raises(Unauthorized):
+                await other.request("GET", url, path)
+            assert (await t.request("DELETE", url, path)).status == 204
+            with pytest.raises(NotFound):
+                await t.get_into(url, path, 5.0)
+            assert (await t.request("GET", url, path, ok_404=True)).status == 404
+        finally:
+            await other.close()
+
+    run_storage_node(tmp_path, go)
