@@ -75,8 +75,12 @@ async def put_fragment(request: web.Request) -> web.Response:
 async def get_fragment(request: web.Request) -> web.StreamResponse:
     """The fragment's body and its stored checksum, NOT verified here: every reader
     (client, repair, rebalance) verifies it end to end, which also covers the network,
-    and reports a mismatch with POST .../verify. One SHA-256 per read instead of two."""
-    frag = await _in_thread(request.app[STORE].read, request.match_info["fid"], False)
+    and reports a mismatch with POST .../verify. One SHA-256 per read instead of two.
+    A fragment in the page cache is read on the event loop, others in a thread."""
+    store, fid = request.app[STORE], request.match_info["fid"]
+    frag = store.read_cached(fid)
+    if frag is None:
+        frag = await _in_thread(store.read, fid, False)
     headers = {CHECKSUM_HEADER: frag.checksum, META_HEADER: pack_header(frag.meta)}
     crc = frag.meta.get("crc32")
     if isinstance(crc, int) and 0 <= crc < 1 << 32:

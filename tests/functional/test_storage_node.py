@@ -84,3 +84,42 @@ def test_unsigned_and_wrongly_signed_requests_are_refused(tmp_path: Path) -> Non
         with pytest.raises(Unauthorized):
             await Transport("wrong" * 8).request("GET", url, "/v1/status")
     run(tmp_path, body)
+
+
+def test_reads_from_the_page_cache_skip_the_thread_and_others_do_not(tmp_path: Path) -> None:
+    """read_cached serves a fragment whose file is in the page cache, gives None for one
+    that is not (it would wait for the disk) or whose header is damaged (read() in a
+    thread quarantines it), and NotFound for none; the GET route serves all three cases."""
+    import os
+
+    from node.fragments import FragmentStore
+    store = FragmentStore(tmp_path, fsync=True)
+    body = os.urandom(200_000)
+    store.put("v5.0.0", body, hashlib.sha256(body).hexdigest(), {"crc32": 7})
+    path = store.path("v5.0.0")
+    frag = store.read_cached("v5.0.0")
+    assert frag is not None and bytes(frag.body) == body and frag.meta == {"crc32": 7}
+
+    fd = os.open(path, os.O_RDONLY)   # written back by the fsync: clean pages can be dropped
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    assert store.read_cached("v5.0.0") is None
+    assert bytes(store.read("v5.0.0").body) == body         # the thread path reads it in
+    assert store.read_cached("v5.0.0") is not None          # ... and now it is cached
+
+    with pytest.raises(NotFound):
+        store.read_cached("v6.0.0")
+    raw = bytearray(path.read_bytes())
+    raw[0] ^= 0xFF                                          # damaged magic
+    path.write_bytes(bytes(raw))
+    assert store.read_cached("v5.0.0") is None
+
+    async def go(t: Transport, url: str) -> None:
+        with pytest.raises(Corrupt):                        # quarantined by the thread path
+            await t.request("GET", url, "/v1/fragments/v5.0.0")
+        with pytest.raises(NotFound):
+            await t.request("GET", url, "/v1/fragments/v5.0.0")
+        await t.request("PUT", url, "/v1/fragments/v7.0.0", body=body)
+        assert bytes((await t.request("GET", url, "/v1/fragments/v7.0.0")).body) == body
+    run(tmp_path, go)
+    assert (tmp_path / "quarantine" / "v5.0.0").exists()
