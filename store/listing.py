@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from placement.nodes import Node
 from store.errors import EcstoreError, Unavailable
-from store.metadata import first_answers
+from store.metadata import staged_answers
 from store.transport import Transport
 from store.wire import unpack
 
@@ -108,12 +109,18 @@ async def merge_listing(t: Transport, nodes: tuple[Node, ...], bucket: str, pref
 
     Each round merges what every node returned; the round's result is final up to the
     smallest last key of the nodes that have more, so the next round starts there.
-    Once `enough` nodes (default all) have answered, a node that lags further is left out
-    like a failed one (a stalled control node does not stall listings).
+
+    Only `enough` nodes (default all) are asked, starting at a random one so the load
+    spreads: every record a write acknowledged is on enough of its replicas that any
+    `enough` nodes see it (the caller's quorum arithmetic). A node that fails, or lags
+    past the grace once another has answered, brings in one of the others (a stalled
+    control node does not stall listings); up to `allowed_failures` may fail in all.
     """
-    cursors = [_NodeCursor(t, n, bucket, prefix, start_after) for n in nodes]
-    results = await first_answers([c.fetch() for c in cursors],
-                                  len(nodes) if enough is None else enough)
+    need = len(nodes) if enough is None else max(1, min(enough, len(nodes)))
+    first = random.randrange(len(nodes)) if need < len(nodes) else 0
+    order = nodes[first:] + nodes[:first]
+    cursors = [_NodeCursor(t, n, bucket, prefix, start_after) for n in order]
+    results = await staged_answers([c.fetch for c in cursors], need)
     failed = [r for r in results if isinstance(r, BaseException)]
     for r in failed:
         if not isinstance(r, EcstoreError):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from placement.cluster_map import ClusterMap
@@ -39,6 +39,56 @@ async def first_answers(aws: Sequence[Awaitable[T]], enough: int,
         else:
             exc = t.exception()
             out.append(exc if exc is not None else t.result())
+    return out
+
+
+async def staged_answers(makers: Sequence[Callable[[], Awaitable[T]]], enough: int,
+                         grace_s: float = SLOW_GRACE_S) -> list[T | BaseException]:
+    """Like first_answers, but only `enough` of the calls are started at first: the others
+    are spares, started one for each call that fails, and one more every `grace_s` that
+    passes without `enough` successes once any call has answered (a stalled node is
+    worked around, not waited for). The results are those of the calls started, in
+    order: a spare never started has none (the list is shorter).
+    Saves the work of asking every replica when a quorum of them is all that is needed."""
+    tasks: list[asyncio.Future[T] | None] = [None] * len(makers)
+    started = 0
+
+    def start_next() -> bool:
+        nonlocal started
+        if started == len(makers):
+            return False
+        tasks[started] = asyncio.ensure_future(makers[started]())
+        started += 1
+        return True
+
+    while started < min(enough, len(makers)):
+        start_next()
+    pending = {t for t in tasks if t is not None}
+    ok = answered = 0
+    while pending and ok < enough:
+        done, pending = await asyncio.wait(
+            pending, timeout=grace_s if answered else None, return_when=asyncio.FIRST_COMPLETED)
+        for t in done:
+            answered += 1
+            if not t.cancelled() and t.exception() is None:
+                ok += 1
+            elif start_next():   # a failure: the next spare at once
+                pending.add(tasks[started - 1])  # type: ignore[arg-type]
+        if not done and start_next():   # slow: bring in a spare, keep waiting for all
+            pending.add(tasks[started - 1])  # type: ignore[arg-type]
+    if pending:
+        await asyncio.wait(pending, timeout=grace_s)
+    out: list[T | BaseException] = []
+    for task in tasks[:started]:
+        assert task is not None
+        if not task.done():
+            task.cancel()
+            out.append(Unavailable(f"no answer within {grace_s} s of a quorum"))
+        elif task.cancelled():
+            out.append(Unavailable("cancelled"))
+        else:
+            exc = task.exception()
+            out.append(exc if exc is not None else task.result())
     return out
 
 
