@@ -126,24 +126,37 @@ async def drop_record(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
+MAX_DELIMITER_BYTES = 1024
 LISTED_FIELDS = ("ts", "version_id", "deleted", "size", "etag", "content_type")
 
 
 async def list_objects(request: web.Request) -> web.Response:
-    """Sorted page of records (tombstones included: the client merge drops them)."""
+    """Sorted page of records (tombstones included: the client merge drops them). With a
+    delimiter, each common prefix is cut short at its first live record (scan_rolled) and
+    the reply says where to resume."""
     bucket = check_bucket_name(request.match_info["bucket"], system_ok=True)
     prefix = request.query.get("prefix", "")
     after = request.query.get("after", "")
     limit = query_int(request, "limit", 1000, MAX_SCAN_LIMIT)
+    delimiter = request.query.get("delimiter", "")
+    if len(delimiter.encode()) > MAX_DELIMITER_BYTES:
+        raise BadRequest(f"delimiter longer than {MAX_DELIMITER_BYTES} bytes")
     base = object_key(bucket, "")
-    rows, truncated = request.app[DB].scan(base + prefix.encode(),
-                                           base + after.encode() if after else b"", limit)
+    start, since = base + prefix.encode(), base + after.encode() if after else b""
+    reply: dict[str, Any] = {}
+    if delimiter and request.query.get("full") != "1":
+        rows, truncated, resume = request.app[DB].scan_rolled(start, since, limit, len(start),
+                                                              delimiter.encode())
+        if resume:
+            reply["resume"] = resume[len(base):].decode()
+    else:
+        rows, truncated = request.app[DB].scan(start, since, limit)
     if request.query.get("full") == "1":  # whole records, for moving metadata
         records = [{**r, "key": k[len(base):].decode()} for k, r in rows]
     else:
         records = [{"key": k[len(base):].decode(), **{f: r.get(f) for f in LISTED_FIELDS}}
                    for k, r in rows]
-    return msgpack_response({"records": records, "truncated": truncated})
+    return msgpack_response({"records": records, "truncated": truncated, **reply})
 
 
 ACCESS_HISTORY_MINUTES = 24 * 60   # read counts are kept per minute for this long

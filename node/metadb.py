@@ -25,6 +25,9 @@ MAP_KEY = b"m"
 T = TypeVar("T")
 
 
+PAST_PREFIX = "\U0010ffff".encode()   # sorts after any key character (store.listing)
+
+
 def object_key(bucket: str, key: str) -> bytes:
     return b"o" + bucket.encode() + b"\0" + key.encode()
 
@@ -85,6 +88,36 @@ class MetaDB:
             out.append((k, unpack(it.value())))
             it.next()
         return out, False
+
+    def scan_rolled(self, prefix: bytes, after: bytes, limit: int, cut_from: int,
+                    delimiter: bytes) -> tuple[list[tuple[bytes, dict[str, Any]]], bool, bytes]:
+        """`scan` for a listing with a delimiter: under each common prefix (the key up to
+        the first `delimiter` at or past byte `cut_from`), records up to and including the
+        first live one, then a seek past the rest of that prefix. Returns the rows, whether
+        there are more, and the key to resume after (a prefix's end when the last row
+        closed one). A prefix shows by its first live key on this node; the client checks
+        across nodes that it is the newest version (store/listing.py)."""
+        it = self.db.iter()
+        start = max(prefix, after + b"\0") if after else prefix
+        it.seek(start)
+        out: list[tuple[bytes, dict[str, Any]]] = []
+        resume = after
+        while it.valid():
+            k = it.key()
+            if not k.startswith(prefix):
+                return out, False, resume
+            if len(out) == limit:
+                return out, True, resume
+            record = unpack(it.value())
+            out.append((k, record))
+            resume = k
+            cut = k.find(delimiter, cut_from)
+            if cut >= 0 and not record.get("deleted"):
+                resume = k[:cut + len(delimiter)] + PAST_PREFIX
+                it.seek(resume + b"\0")
+                continue
+            it.next()
+        return out, False, resume
 
     def get_map(self) -> bytes | None:
         return self.db.get(MAP_KEY)

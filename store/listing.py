@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,19 +40,28 @@ class ListResult:
     next_start_after: str = ""
 
 
-def newest_per_key(streams: Iterable[Iterator[dict[str, Any]]]) -> Iterator[dict[str, Any]]:
-    """Merge sorted record streams; one record per key, the newest, tombstones kept."""
+def newest_per_key(streams: Iterable[Iterator[dict[str, Any]]],
+                   on_stale: Callable[[str], None] | None = None) -> Iterator[dict[str, Any]]:
+    """Merge sorted record streams; one record per key, the newest, tombstones kept.
+    `on_stale(key)` is called for a key whose newest record is a tombstone while some
+    node still holds a live version (a delete that has not reached every replica)."""
     merged = heapq.merge(*streams, key=lambda r: r["key"])
     current: dict[str, Any] | None = None
+    live_seen = False
     for r in merged:
         if current is not None and r["key"] == current["key"]:
+            live_seen = live_seen or not r["deleted"]
             if (r["ts"], r["version_id"]) > (current["ts"], current["version_id"]):
                 current = r
             continue
         if current is not None:
+            if on_stale is not None and live_seen and current["deleted"]:
+                on_stale(current["key"])
             yield current
-        current = r
+        current, live_seen = r, not r["deleted"]
     if current is not None:
+        if on_stale is not None and live_seen and current["deleted"]:
+            on_stale(current["key"])
         yield current
 
 
@@ -87,24 +96,29 @@ def merge_page(records: Iterator[dict[str, Any]], prefix: str, delimiter: str,
 class _NodeCursor:
     """Pages of one control node's scan, fetched lazily."""
 
-    def __init__(self, t: Transport, node: Node, bucket: str, prefix: str, after: str) -> None:
+    def __init__(self, t: Transport, node: Node, bucket: str, prefix: str, after: str,
+                 delimiter: str = "") -> None:
         self.t, self.node, self.bucket, self.prefix, self.after = t, node, bucket, prefix, after
+        self.delimiter = delimiter
         self.page: list[dict[str, Any]] = []
         self.truncated = True
 
     async def fetch(self) -> None:
-        query = {"prefix": self.prefix, "after": self.after, "limit": PAGE_LIMIT}
+        query: dict[str, Any] = {"prefix": self.prefix, "after": self.after, "limit": PAGE_LIMIT}
+        if self.delimiter:
+            query["delimiter"] = self.delimiter
         reply = await self.t.request("GET", self.node.address, f"/v1/list/{self.bucket}",
                                      query=query, timeout_s=10.0)
         body = unpack(reply.body)
         self.page, self.truncated = body["records"], body["truncated"]
         if self.page:
-            self.after = self.page[-1]["key"]
+            self.after = body.get("resume") or self.page[-1]["key"]
 
 
 async def merge_listing(t: Transport, nodes: tuple[Node, ...], bucket: str, prefix: str,
                         delimiter: str, start_after: str, max_keys: int,
-                        allowed_failures: int, enough: int | None = None) -> ListResult:
+                        allowed_failures: int, enough: int | None = None,
+                        rolled: bool = True) -> ListResult:
     """Fetch and merge until one page of max_keys entries is complete.
 
     Each round merges what every node returned; the round's result is final up to the
@@ -115,11 +129,20 @@ async def merge_listing(t: Transport, nodes: tuple[Node, ...], bucket: str, pref
     `enough` nodes see it (the caller's quorum arithmetic). A node that fails, or lags
     past the grace once another has answered, brings in one of the others (a stalled
     control node does not stall listings); up to `allowed_failures` may fail in all.
+
+    With a delimiter (and `rolled`), each node sends, under each common prefix, only its
+    records up to its first live one (node/metadb.py scan_rolled): a prefix of a million
+    keys costs a few records, not a million. That is exact as long as the smallest such
+    first-live key of all nodes is the newest version of its key - every node sent all
+    its records up to it, so that is known; when it is not (a delete that has not reached
+    one replica), the page is listed again with every record (`rolled=False`).
     """
     need = len(nodes) if enough is None else max(1, min(enough, len(nodes)))
     first = random.randrange(len(nodes)) if need < len(nodes) else 0
     order = nodes[first:] + nodes[:first]
-    cursors = [_NodeCursor(t, n, bucket, prefix, start_after) for n in order]
+    rolled = rolled and bool(delimiter)
+    cursors = [_NodeCursor(t, n, bucket, prefix, start_after, delimiter if rolled else "")
+               for n in order]
     results = await staged_answers([c.fetch for c in cursors], need)
     failed = [r for r in results if isinstance(r, BaseException)]
     for r in failed:
@@ -130,6 +153,11 @@ async def merge_listing(t: Transport, nodes: tuple[Node, ...], bucket: str, pref
                           "failed", tried=len(nodes), failed=len(failed))
     live = [c for c, r in zip(cursors, results) if not isinstance(r, BaseException)]
     collected: list[dict[str, Any]] = []
+    doubtful: list[str] = []
+
+    def stale(key: str) -> None:
+        if key.find(delimiter, len(prefix)) >= 0:
+            doubtful.append(key)
     while True:
         more = [c for c in live if c.truncated and c.page]
         horizon = min((c.page[-1]["key"] for c in more), default=None)
@@ -137,7 +165,10 @@ async def merge_listing(t: Transport, nodes: tuple[Node, ...], bucket: str, pref
                  for c in live]
         for c in live:
             c.page = [r for r in c.page if horizon is not None and r["key"] > horizon]
-        collected.extend(newest_per_key(batch))
+        collected.extend(newest_per_key(batch, stale if rolled else None))
+        if doubtful:
+            return await merge_listing(t, nodes, bucket, prefix, delimiter, start_after,
+                                       max_keys, allowed_failures, enough, rolled=False)
         page = merge_page(iter(collected), prefix, delimiter, max_keys)
         if page.truncated or horizon is None:
             return page

@@ -97,3 +97,34 @@ def test_one_page_with_start_after(cluster: LocalCluster, keys: list[str]) -> No
     assert [o.key for o in page.objects] == objs
     assert page.common_prefixes == prefixes
     assert page.truncated == truncated
+
+
+def test_deletes_control_nodes_missed_never_list_their_prefix(all_up: LocalCluster) -> None:
+    """Control nodes roll a delimiter listing up at each prefix's first live record. d/a
+    is deleted while c1 is down and d/c while c2 is down: each comes back with one stale
+    live key, and each one's rolled-up scan hides its tombstone of the other's key. d/
+    has no live key and must never be listed, whichever two control nodes are asked."""
+    from store.errors import BadRequest
+    cluster = all_up
+
+    async def go() -> None:
+        async with Client.connect(cluster.path) as c:
+            await c.create_bucket("stale")
+            for k in ("d/a", "d/c", "e"):
+                await c.put("stale", k, b"x")
+            for node, key in (("c1", "d/a"), ("c2", "d/c")):
+                cluster.kill_node(node)
+                await c.delete("stale", key)
+                cluster.start_node(node)
+                cluster.wait_healthy([node])
+            for _ in range(20):
+                page = await c.list("stale", "", "/")
+                assert ([o.key for o in page.objects], page.common_prefixes) == (["e"], [])
+            page = await c.list("stale", "d/", "/")
+            assert page.objects == [] and page.common_prefixes == []
+            cmap = await c.cluster_map()
+            with pytest.raises(BadRequest, match="delimiter"):
+                await c.t.request("GET", cmap.control.nodes[0].address, "/v1/list/stale",
+                                  query={"prefix": "", "after": "", "limit": 10,
+                                         "delimiter": "/" * 2000})
+    asyncio.run(go())

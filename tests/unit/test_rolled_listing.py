@@ -1,0 +1,177 @@
+"""Listings with a delimiter, rolled up on the control nodes (MetaDB.scan_rolled: under
+each common prefix only the records up to the first live one), merged by the client
+(store.listing.merge_listing), against the naive model - with replicas that missed
+acknowledged writes and deletes, as a write quorum of 2 of 3 allows."""
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from node.metadb import MetaDB, object_key
+from placement.nodes import Node
+from store import listing
+from store.listing import ListResult, merge_listing
+from store.transport import Reply, Transport
+from store.wire import pack
+from tests.cluster.test_listing import model
+
+BUCKET = "b"
+NODES = tuple(Node(f"c{i}", f"http://c{i}", zone=f"c{i}", tier="control") for i in range(3))
+
+
+class DBTransport(Transport):
+    """The control node's list route (node/control.py list_objects) over one real MetaDB
+    per node, counting records sent."""
+
+    def __init__(self, dbs: dict[str, MetaDB]) -> None:
+        super().__init__(secret="unused")
+        self.dbs, self.sent = dbs, 0
+
+    async def request(self, method: str, base_url: str, path: str, *,
+                      body: bytes | bytearray | memoryview = b"", checksum: str | None = None,
+                      query: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
+                      timeout_s: float = 10.0, ok_404: bool = False) -> Reply:
+        assert query is not None
+        db, base = self.dbs[base_url], object_key(BUCKET, "")
+        start = base + query["prefix"].encode()
+        since = base + query["after"].encode() if query["after"] else b""
+        reply: dict[str, Any] = {}
+        if query.get("delimiter"):
+            rows, truncated, resume = db.scan_rolled(start, since, int(query["limit"]),
+                                                     len(start), query["delimiter"].encode())
+            if resume:
+                reply["resume"] = resume[len(base):].decode()
+        else:
+            rows, truncated = db.scan(start, since, int(query["limit"]))
+        self.sent += len(rows)
+        records = [{**r, "key": k[len(base):].decode()} for k, r in rows]
+        return Reply(200, {}, bytearray(pack({"records": records, "truncated": truncated,
+                                              **reply})))
+
+
+def rec(ts: int, deleted: bool) -> bytes:
+    return pack({"ts": ts, "version_id": f"v{ts:04d}", "deleted": deleted, "size": 1,
+                 "etag": None, "content_type": ""})
+
+
+names = st.text(alphabet="ab/", min_size=1, max_size=5)
+# per key: its history of writes (True = a delete), and which node missed the last one
+histories = st.dictionaries(names, st.tuples(st.lists(st.booleans(), min_size=1, max_size=3),
+                                             st.integers(-1, 2)), max_size=30)
+
+
+def fill(dbs: list[MetaDB], history: dict[str, tuple[list[bool], int]]) -> list[str]:
+    """Write every key's history to all three nodes, except that node `missed` (if >= 0)
+    keeps the second newest state; returns the keys live at their newest write."""
+    live = []
+    for key, (writes, missed) in history.items():
+        for n, db in enumerate(dbs):
+            upto = len(writes) - 1 if n == missed and len(writes) > 1 else len(writes)
+            if n == missed and len(writes) == 1:
+                continue                      # the only write never reached this node
+            ts = upto
+            db.write({object_key(BUCKET, key): rec(ts, writes[upto - 1])}, sync=False)
+        if not writes[-1]:
+            live.append(key)
+    return sorted(live)
+
+
+def walk(t: Transport, prefix: str, delimiter: str, max_keys: int,
+         rolled: bool) -> tuple[list[str], list[str]]:
+    async def go() -> tuple[list[str], list[str]]:
+        objs: list[str] = []
+        prefixes: list[str] = []
+        after = ""
+        for _ in range(1000):
+            page: ListResult = await merge_listing(t, NODES, BUCKET, prefix, delimiter, after,
+                                                   max_keys, allowed_failures=0, rolled=rolled)
+            objs += [o.key for o in page.objects]
+            prefixes += page.common_prefixes
+            if not page.truncated:
+                return objs, prefixes
+            after = page.next_start_after
+        raise AssertionError("listing did not end")
+    return asyncio.run(go())
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(history=histories, prefix=st.sampled_from(["", "a", "a/", "b/"]),
+       delimiter=st.sampled_from(["/", "b", "ab"]), max_keys=st.integers(1, 12),
+       page_limit=st.integers(1, 6))
+def test_rolled_listing_matches_the_model(history: dict[str, tuple[list[bool], int]],
+                                          prefix: str, delimiter: str, max_keys: int,
+                                          page_limit: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        dbs = [MetaDB(Path(tmp) / f"c{i}", sync=False) for i in range(3)]
+        try:
+            live = fill(dbs, history)
+            old = listing.PAGE_LIMIT
+            listing.PAGE_LIMIT = page_limit       # many rounds and node pages
+            try:
+                t = DBTransport({n.address: db for n, db in zip(NODES, dbs)})
+                got = walk(t, prefix, delimiter, max_keys, rolled=True)
+                full = walk(t, prefix, delimiter, max_keys, rolled=False)
+            finally:
+                listing.PAGE_LIMIT = old
+            want_objs, want_prefixes, _ = model(live, prefix, delimiter, "", 10**9)
+            assert got == (want_objs, want_prefixes)
+            assert full == got
+        finally:
+            for db in dbs:
+                db.close()
+
+
+def test_a_rolled_prefix_costs_a_record_per_node_not_one_per_key(tmp_path: Path) -> None:
+    dbs = [MetaDB(tmp_path / f"c{i}", sync=False) for i in range(3)]
+    try:
+        for db in dbs:
+            db.write({object_key(BUCKET, f"d{p}/k{i:04d}"): rec(1, False)
+                      for p in range(5) for i in range(2000)}, sync=False)
+        t = DBTransport({n.address: db for n, db in zip(NODES, dbs)})
+        assert walk(t, "", "/", 1000, rolled=True) == ([], [f"d{p}/" for p in range(5)])
+        assert t.sent == 3 * 5                    # one record per prefix per node
+        t.sent = 0
+        assert walk(t, "", "/", 1000, rolled=False) == ([], [f"d{p}/" for p in range(5)])
+        assert t.sent == 3 * 5 * 2000
+    finally:
+        for db in dbs:
+            db.close()
+
+
+def test_a_delete_missing_on_one_replica_falls_back_to_every_record(tmp_path: Path) -> None:
+    """d/k0 deleted (acknowledged by c1 and c2), c0 still has it live: c0 rolls d/ up at
+    d/k0. d/ has no live key, so it must not be listed."""
+    dbs = [MetaDB(tmp_path / f"c{i}", sync=False) for i in range(3)]
+    try:
+        for n, db in enumerate(dbs):
+            db.write({object_key(BUCKET, "d/k0"): rec(1 if n == 0 else 2, n != 0),
+                      object_key(BUCKET, "d/k1"): rec(2, True),
+                      object_key(BUCKET, "e"): rec(1, False)}, sync=False)
+        t = DBTransport({n.address: db for n, db in zip(NODES, dbs)})
+        assert walk(t, "", "/", 1000, rolled=True) == (["e"], [])
+    finally:
+        for db in dbs:
+            db.close()
+
+
+def test_stale_replicas_hiding_each_others_deletes_fall_back(tmp_path: Path) -> None:
+    """P/a, P/b and P/c were each put and then deleted; each delete missed a different node
+    (c0 still has P/a live, c1 P/b, c2 P/c). Rolled, c0 stops at P/a, c1 at P/b: their
+    tombstones of P/c are never sent, and c2's stale P/c would look live - the stale
+    P/a (its tombstone is newer, and every node sent what it has up to P/a) sends the
+    listing back to every record. P/ must not be listed."""
+    dbs = [MetaDB(tmp_path / f"c{i}", sync=False) for i in range(3)]
+    try:
+        for n, db in enumerate(dbs):
+            db.write({object_key(BUCKET, f"P/{k}"): rec(1, False) if n == i else rec(2, True)
+                      for i, k in enumerate("abc")}, sync=False)
+        t = DBTransport({n.address: db for n, db in zip(NODES, dbs)})
+        assert walk(t, "", "/", 1000, rolled=True) == ([], [])
+    finally:
+        for db in dbs:
+            db.close()
