@@ -17,6 +17,8 @@ _NEEDS_ESCAPE = re.compile(r'[&<>"\x00-\x08\x0b\x0c\x0e-\x1f]')
 
 def escape(value: str) -> str:
     """XML text; control characters become character references (as S3 writes them)."""
+    if _NEEDS_ESCAPE.search(value) is None:   # nearly every key: no substitution call
+        return value
     return _NEEDS_ESCAPE.sub(lambda m: _ESCAPES.get(m.group(), f"&#x{ord(m.group()):x};"), value)
 
 
