@@ -379,7 +379,7 @@ class ScanTransport(Transport):
         self.scans, self.requests, self.records_sent = scans, 0, 0
 
     async def request(self, method: str, base_url: str, path: str, *,
-                      body: bytes = b"", checksum: str | None = None,
+                      body: bytes | bytearray | memoryview = b"", checksum: str | None = None,
                       query: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
                       timeout_s: float = 10.0, ok_404: bool = False) -> Reply:
         assert method == "GET" and path.startswith("/v1/list/") and query is not None
@@ -388,7 +388,8 @@ class ScanTransport(Transport):
         rows = [r for r in scan if r["key"] > after and r["key"].startswith(query["prefix"])]
         self.requests += 1
         self.records_sent += min(limit, len(rows))
-        return Reply(200, {}, pack({"records": rows[:limit], "truncated": len(rows) > limit}))
+        return Reply(200, {}, bytearray(pack({"records": rows[:limit],
+                                              "truncated": len(rows) > limit})))
 
 
 def count_with_merge_listing(nodes: Sequence[Node], scans: Sequence[Sequence[Record]],
