@@ -218,7 +218,9 @@ class NodeClient:
         whatever its status, or Unreachable if none could be had in `timeout_s`.
 
         `path_qs` must already be quoted. A reused connection that the node closed while
-        idle is retried once on a new one (every request we send is idempotent)."""
+        idle is retried once on a new one: the request most likely never arrived, and the
+        requests we send are idempotent but for read-count reports (advisory: one counted
+        twice, at worst)."""
         addr = self._address(base_url)
         hdrs = sign_headers(self.secret, method, path_qs, checksum)
         if extra_headers:
