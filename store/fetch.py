@@ -45,12 +45,16 @@ class Response:
 
 
 class _Conn(asyncio.BufferedProtocol):
-    """One HTTP/1.1 keep-alive connection; one request at a time."""
+    """One HTTP/1.1 keep-alive connection; one request at a time.
 
-    def __init__(self) -> None:
+    `scratch` receives a response head and is shared by every connection of a NodeClient
+    (one event loop): buffer_updated copies what it needs out of it before returning, so
+    64 idle connections do not hold 64 buffers."""
+
+    def __init__(self, scratch: bytearray) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
-        self._scratch = bytearray(SCRATCH_BYTES)
+        self._scratch = scratch
         self._head = bytearray()
         self._body: bytearray | None = None
         self._view: memoryview | None = None
@@ -181,6 +185,7 @@ class NodeClient:
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
         self._addr: dict[str, tuple[str, int]] = {}
         self._slots: dict[tuple[str, int], asyncio.Semaphore] = {}
+        self._scratch = bytearray(SCRATCH_BYTES)
 
     def _address(self, base_url: str) -> tuple[str, int]:
         addr = self._addr.get(base_url)
@@ -200,7 +205,8 @@ class NodeClient:
                 return conn, True
         loop = asyncio.get_running_loop()
         _, conn = await asyncio.wait_for(
-            loop.create_connection(_Conn, addr[0], addr[1]), CONNECT_TIMEOUT_S)
+            loop.create_connection(lambda: _Conn(self._scratch), addr[0], addr[1]),
+            CONNECT_TIMEOUT_S)
         return conn, False
 
     def _release(self, addr: tuple[str, int], conn: _Conn) -> None:
