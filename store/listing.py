@@ -20,6 +20,7 @@ from store.transport import Transport
 from store.wire import unpack
 
 PAGE_LIMIT = 1000
+MAX_ROLLED_DELIMITER_BYTES = 1024   # what a control node takes (a longer one is in no key)
 PAST_PREFIX = "\U0010ffff"  # sorts after any key character, in UTF-8 bytes too
 
 
@@ -140,7 +141,7 @@ async def merge_listing(t: Transport, nodes: tuple[Node, ...], bucket: str, pref
     need = len(nodes) if enough is None else max(1, min(enough, len(nodes)))
     first = random.randrange(len(nodes)) if need < len(nodes) else 0
     order = nodes[first:] + nodes[:first]
-    rolled = rolled and bool(delimiter)
+    rolled = rolled and 0 < len(delimiter.encode()) <= MAX_ROLLED_DELIMITER_BYTES
     cursors = [_NodeCursor(t, n, bucket, prefix, start_after, delimiter if rolled else "")
                for n in order]
     results = await staged_answers([c.fetch for c in cursors], need)

@@ -12,9 +12,11 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from node.control import MAX_DELIMITER_BYTES
 from node.metadb import MetaDB, object_key
 from placement.nodes import Node
 from store import listing
+from store.errors import BadRequest
 from store.listing import ListResult, merge_listing
 from store.transport import Reply, Transport
 from store.wire import pack
@@ -37,6 +39,8 @@ class DBTransport(Transport):
                       query: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
                       timeout_s: float = 10.0, ok_404: bool = False) -> Reply:
         assert query is not None
+        if len(query.get("delimiter", "").encode()) > MAX_DELIMITER_BYTES:
+            raise BadRequest("delimiter longer than 1024 bytes")     # as list_objects
         db, base = self.dbs[base_url], object_key(BUCKET, "")
         start = base + query["prefix"].encode()
         since = base + query["after"].encode() if query["after"] else b""
@@ -172,6 +176,19 @@ def test_stale_replicas_hiding_each_others_deletes_fall_back(tmp_path: Path) -> 
                       for i, k in enumerate("abc")}, sync=False)
         t = DBTransport({n.address: db for n, db in zip(NODES, dbs)})
         assert walk(t, "", "/", 1000, rolled=True) == ([], [])
+    finally:
+        for db in dbs:
+            db.close()
+
+
+def test_a_delimiter_longer_than_a_node_takes_is_not_sent(tmp_path: Path) -> None:
+    """No key can hold a delimiter over 1,024 bytes: the listing is a plain one."""
+    dbs = [MetaDB(tmp_path / f"c{i}", sync=False) for i in range(3)]
+    try:
+        for db in dbs:
+            db.write({object_key(BUCKET, k): rec(1, False) for k in ("a/b", "c")}, sync=False)
+        t = DBTransport({n.address: db for n, db in zip(NODES, dbs)})
+        assert walk(t, "", "/" * 1025, 1000, rolled=True) == (["a/b", "c"], [])
     finally:
         for db in dbs:
             db.close()
