@@ -155,7 +155,7 @@ def _contents(ctx: S3Ctx, page: ListResult, enc: Any, owner: str | None) -> list
     items = []
     tail = "<StorageClass>STANDARD</StorageClass>" + (owner_xml(owner) if owner is not None else "")
     for o in page.objects:   # one f-string per entry (what el() would build): up to 1,000
-        etag = escape(f'"{o.etag or o.version_id}"')
+        etag = f"&quot;{escape(o.etag or o.version_id)}&quot;"   # escape('"x"'), faster
         items.append(f"<Contents><Key>{escape(enc(o.key))}</Key><LastModified>"
                      f"{iso8601(o.ts)}</LastModified><ETag>{etag}</ETag>"
                      f"<Size>{int(o.size)}</Size>{tail}</Contents>")

@@ -2,6 +2,7 @@
 with limits (no DOCTYPE, bounded size, namespaces stripped)."""
 from __future__ import annotations
 
+import functools
 import re
 import time
 import xml.etree.ElementTree as ET
@@ -41,9 +42,14 @@ def doc(root: str, *inner: str) -> bytes:
 
 def iso8601(ts_ns: int) -> str:
     """2026-12-01T10:15:00.000Z (listing dates)."""
-    secs = ts_ns // 1_000_000_000
     millis = (ts_ns // 1_000_000) % 1000
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs)) + f".{millis:03d}Z"
+    return f"{_iso_seconds(ts_ns // 1_000_000_000)}.{millis:03d}Z"
+
+
+@functools.lru_cache(maxsize=4096)
+def _iso_seconds(secs: int) -> str:
+    """strftime is most of a listing entry's cost; keys written together share seconds."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs))
 
 
 def http_date(ts_ns: int) -> str:
