@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import secrets
 import signal
 import socket
@@ -31,10 +32,41 @@ GATEWAY_REGION = "us-east-1"
 STOP_TIMEOUT_S = 10.0
 
 
+_HANDED_OUT: set[int] = set()          # ports free_port() gave this process
+_PORTS = random.Random(secrets.randbits(64))   # its own: tests may seed the module's
+LISTEN_PORT_FLOOR = 10000
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999                # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on now, never handed out twice in one process, and below
+    the kernel's ephemeral range when there is room: an outgoing connection's local
+    port comes from that range, and one could take the port of a node that is down
+    before it restarts (its bind then fails with EADDRINUSE). bind(0) handed out ports
+    from that very range, and now and then the same port to two nodes of one cluster."""
+    lo, _ = _ephemeral_range()
+    for _ in range(500):
+        port = (_PORTS.randrange(LISTEN_PORT_FLOOR, lo) if lo - LISTEN_PORT_FLOOR > 1000
+                else 0)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError("no free port for a node on 127.0.0.1")
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -194,12 +226,16 @@ class LocalCluster:
             time.sleep(0.1)
 
     def _healthy(self, node_id: str) -> bool:
+        """The node answers its health check - as itself: a node that could not bind its
+        port must not pass for healthy because another process answers there."""
         try:
             n = self.nodes[node_id]
             path = GATEWAY_HEALTH_PATH if n.role == "gateway" else "/v1/health"
             with urllib.request.urlopen(n.url + path, timeout=1) as r:
-                return bool(r.status == 200)
-        except OSError:
+                body = json.loads(r.read() or b"{}")
+                return bool(r.status == 200) and node_id in (body.get("node_id"),
+                                                             body.get("node"))
+        except (OSError, ValueError, AttributeError):
             return False
 
     def stop_node(self, node_id: str, sig: int = signal.SIGTERM) -> None:

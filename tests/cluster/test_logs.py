@@ -78,9 +78,14 @@ def test_one_put_is_traced_by_its_request_id_on_every_node(cluster: LocalCluster
     assert re.fullmatch(r"[0-9A-F]{16}", rid)
     storage = [i for i, n in cluster.nodes.items() if n.role == "storage"]
     control = [i for i, n in cluster.nodes.items() if n.role == "control"]
-    # every storage node got a fragment, every control node the record (W acks, then all R)
-    wait_for(lambda: all(grep(cluster, rid)[i] for i in storage + control + ["gw1"]),
-             "every node to log the put")
+    # every storage node got a fragment, every control node the record (W acks, then all R:
+    # the last control node may log its put_object after the gateway answered, and its
+    # bucket lookup for the same request before, so wait for the put itself)
+    def logged() -> bool:
+        hits = grep(cluster, rid)
+        return bool(hits["gw1"]) and all(hits[i] for i in storage) and all(
+            any(fields(ln).get("op") == "put_object" for ln in hits[i]) for i in control)
+    wait_for(logged, "every node to log the put")
     hits = grep(cluster, rid)
     [gw_line] = hits["gw1"]
     f = fields(gw_line)

@@ -1,0 +1,59 @@
+"""Local clusters' ports and health checks: a node that cannot bind its port is found
+out, never taken for healthy because something else answers there."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+
+from cli.localcluster import LocalCluster, _ephemeral_range, free_port
+
+
+def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range() -> None:
+    lo, _ = _ephemeral_range()
+    ports = [free_port() for _ in range(300)]
+    assert len(set(ports)) == len(ports)
+    assert all(p < lo for p in ports)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[-1]))
+
+
+@pytest.fixture
+def impostor() -> Iterator[int]:
+    """An HTTP server that answers every health check with 200 as node "other"."""
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = json.dumps({"node_id": "other", "ok": True}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", free_port()), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_node_whose_port_is_taken_is_not_healthy(tmp_path: Path, impostor: int) -> None:
+    cluster = LocalCluster.create(tmp_path, storage=6, control=1, gateway=False)
+    cluster.nodes["s1"].port = impostor        # the storage node will fail to bind
+    try:
+        cluster.start_node("s1")
+        with pytest.raises(RuntimeError, match="s1"):
+            cluster.wait_healthy(["s1"], timeout_s=10)
+        assert "address already in use" in (tmp_path / "logs" / "s1.log").read_text()
+    finally:
+        cluster.stop()
