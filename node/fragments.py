@@ -31,6 +31,7 @@ MAX_HEADER_BYTES = 64 * 1024
 QUARANTINE_SEPARATOR = "~"  # never in a fragment id: `{fid}~{ns}` for a second copy
 DEFAULT_RESERVE_FRACTION = 0.01            # refuse fragments that would leave less free
 DEFAULT_RESERVE_MAX_BYTES = 1024 ** 3      # ... but never reserve more than 1 GiB
+_RWF_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None) if hasattr(os, "preadv") else None
 FRAGMENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
 
 
@@ -142,6 +143,8 @@ class FragmentStore:
         is not cached (or is damaged: read() in a thread then quarantines it); NotFound.
         The open() itself can wait for a directory block that is not cached: the 256
         fan-out directories of a serving node are."""
+        if _RWF_NOWAIT is None:     # not Linux: always the thread
+            return None
         try:
             fd = os.open(self._path_str(fid), os.O_RDONLY)
         except FileNotFoundError:
@@ -150,7 +153,7 @@ class FragmentStore:
             size = os.fstat(fd).st_size
             raw = bytearray(size)
             try:
-                if os.preadv(fd, [raw], 0, os.RWF_NOWAIT) != size:
+                if os.preadv(fd, [raw], 0, _RWF_NOWAIT) != size:
                     return None
             except OSError:     # EAGAIN: not cached; EOPNOTSUPP: no RWF_NOWAIT here
                 return None
