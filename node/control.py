@@ -27,6 +27,7 @@ from node.server import (
 )
 from placement.cluster_map import ClusterMap
 from store.errors import BadRequest, Conflict, NotFound
+from store.listing import MAX_ROLLED_DELIMITER_BYTES
 from store.names import OPS_BUCKET, WORKER_OPS, check_bucket_name, check_key
 from store.wire import MAX_RECORD_BYTES, pack, unpack
 
@@ -126,7 +127,7 @@ async def drop_record(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
-MAX_DELIMITER_BYTES = 1024
+MAX_DELIMITER_BYTES = MAX_ROLLED_DELIMITER_BYTES   # what the client pushes down
 LISTED_FIELDS = ("ts", "version_id", "deleted", "size", "etag", "content_type")
 
 

@@ -76,7 +76,7 @@ class FragmentStore:
         self.quarantined = sum(1 for _ in self.quarantine.iterdir())
 
     def path(self, fid: str) -> Path:
-        return self.root / f"{hash64(fid.encode()) >> 56:02x}" / check_fragment_id(fid)
+        return Path(self._path_str(fid))
 
     def _scan(self) -> tuple[int, int]:
         count = size = 0
@@ -165,6 +165,8 @@ class FragmentStore:
             return None
 
     def _path_str(self, fid: str) -> str:
+        """The fragment's file: under a fan-out directory chosen by its id's hash (a str:
+        the event-loop read path skips pathlib)."""
         return f"{self._root_str}/{hash64(fid.encode()) >> 56:02x}/{check_fragment_id(fid)}"
 
     def read_raw(self, fid: str) -> tuple[bytes, int]:

@@ -19,13 +19,14 @@ from typing import Any, Generic, TypeVar
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
+from store import listing
 from store.wire import pack, unpack
 
 MAP_KEY = b"m"
 T = TypeVar("T")
 
 
-PAST_PREFIX = "\U0010ffff".encode()   # sorts after any key character (store.listing)
+PAST_PREFIX = listing.PAST_PREFIX.encode()   # sorts after any key character
 
 
 def object_key(bucket: str, key: str) -> bytes:

@@ -68,8 +68,9 @@ class Unavailable(EcstoreError):
 
 
 class Unreachable(Unavailable):
-    """A node refused or dropped the connection (client side only: never sent by a
-    server, so not in ERRORS_BY_CODE; a server reports it as `unavailable`)."""
+    """A node refused or dropped the connection, or sent no reply in time (client side
+    only: never sent by a server, so not in ERRORS_BY_CODE; a server reports it as
+    `unavailable`)."""
 
 
 ERRORS_BY_CODE: dict[str, type[EcstoreError]] = {

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, TypeVar
 
 from placement.cluster_map import ClusterMap
@@ -27,19 +27,7 @@ async def first_answers(aws: Sequence[Awaitable[T]], enough: int,
     while pending and ok < enough:
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         ok += sum(1 for t in done if not t.cancelled() and t.exception() is None)
-    if pending:
-        await asyncio.wait(pending, timeout=grace_s)
-    out: list[T | BaseException] = []
-    for t in tasks:
-        if not t.done():
-            t.cancel()
-            out.append(Unavailable(f"no answer within {grace_s} s of a quorum"))
-        elif t.cancelled():
-            out.append(Unavailable("cancelled"))
-        else:
-            exc = t.exception()
-            out.append(exc if exc is not None else t.result())
-    return out
+    return await _outcomes(tasks, pending, grace_s)
 
 
 async def staged_answers(makers: Sequence[Callable[[], Awaitable[T]]], enough: int,
@@ -76,11 +64,17 @@ async def staged_answers(makers: Sequence[Callable[[], Awaitable[T]]], enough: i
                 pending.add(tasks[started - 1])  # type: ignore[arg-type]
         if not done and start_next():   # slow: bring in a spare, keep waiting for all
             pending.add(tasks[started - 1])  # type: ignore[arg-type]
+    return await _outcomes([t for t in tasks if t is not None], pending, grace_s)
+
+
+async def _outcomes(tasks: Sequence[asyncio.Future[T]], pending: Collection[asyncio.Future[T]],
+                    grace_s: float) -> list[T | BaseException]:
+    """Give the `pending` tasks `grace_s` more, cancel those still running, and return
+    each task's value, exception, or Unavailable for one cancelled."""
     if pending:
         await asyncio.wait(pending, timeout=grace_s)
     out: list[T | BaseException] = []
-    for task in tasks[:started]:
-        assert task is not None
+    for task in tasks:
         if not task.done():
             task.cancel()
             out.append(Unavailable(f"no answer within {grace_s} s of a quorum"))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -57,18 +58,24 @@ def keys(cluster: LocalCluster) -> list[str]:
     return [k for i, k in enumerate(keys) if i % 97 != 0]
 
 
-async def walk(c: Client, prefix: str, delimiter: str, max_keys: int) -> tuple[list[str], list[str]]:
+async def walk_pages(page_after: Callable[[str], Awaitable[ListResult]]
+                     ) -> tuple[list[str], list[str]]:
+    """Every key and common prefix of a listing, page after page (a bounded loop)."""
     objs: list[str] = []
     prefixes: list[str] = []
     after = ""
     for _ in range(10_000):
-        page: ListResult = await c.list("many", prefix, delimiter, after, max_keys)
+        page = await page_after(after)
         objs += [o.key for o in page.objects]
         prefixes += page.common_prefixes
         if not page.truncated:
             return objs, prefixes
         after = page.next_start_after
     raise AssertionError("listing did not end")
+
+
+async def walk(c: Client, prefix: str, delimiter: str, max_keys: int) -> tuple[list[str], list[str]]:
+    return await walk_pages(lambda after: c.list("many", prefix, delimiter, after, max_keys))
 
 
 @pytest.mark.parametrize("prefix,delimiter,max_keys", [

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +19,10 @@ from node.metadb import MetaDB, object_key
 from placement.nodes import Node
 from store import listing
 from store.errors import BadRequest
-from store.listing import ListResult, merge_listing
+from store.listing import merge_listing
 from store.transport import Reply, Transport
 from store.wire import pack
-from tests.cluster.test_listing import model
+from tests.cluster.test_listing import model, walk_pages
 
 BUCKET = "b"
 NODES = tuple(Node(f"c{i}", f"http://c{i}", zone=f"c{i}", tier="control") for i in range(3))
@@ -85,22 +87,22 @@ def fill(dbs: list[MetaDB], history: dict[str, tuple[list[bool], int]]) -> list[
     return sorted(live)
 
 
+@contextmanager
+def replicas(root: Path) -> Iterator[tuple[list[MetaDB], DBTransport]]:
+    """Three control nodes' databases under `root`, and the transport that lists them."""
+    dbs = [MetaDB(root / f"c{i}", sync=False) for i in range(3)]
+    try:
+        yield dbs, DBTransport({n.address: db for n, db in zip(NODES, dbs)})
+    finally:
+        for db in dbs:
+            db.close()
+
+
 def walk(t: Transport, prefix: str, delimiter: str, max_keys: int,
          rolled: bool) -> tuple[list[str], list[str]]:
-    async def go() -> tuple[list[str], list[str]]:
-        objs: list[str] = []
-        prefixes: list[str] = []
-        after = ""
-        for _ in range(1000):
-            page: ListResult = await merge_listing(t, NODES, BUCKET, prefix, delimiter, after,
-                                                   max_keys, allowed_failures=0, rolled=rolled)
-            objs += [o.key for o in page.objects]
-            prefixes += page.common_prefixes
-            if not page.truncated:
-                return objs, prefixes
-            after = page.next_start_after
-        raise AssertionError("listing did not end")
-    return asyncio.run(go())
+    return asyncio.run(walk_pages(lambda after: merge_listing(
+        t, NODES, BUCKET, prefix, delimiter, after, max_keys, allowed_failures=0,
+        rolled=rolled)))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -110,57 +112,41 @@ def walk(t: Transport, prefix: str, delimiter: str, max_keys: int,
 def test_rolled_listing_matches_the_model(history: dict[str, tuple[list[bool], int]],
                                           prefix: str, delimiter: str, max_keys: int,
                                           page_limit: int) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        dbs = [MetaDB(Path(tmp) / f"c{i}", sync=False) for i in range(3)]
+    with tempfile.TemporaryDirectory() as tmp, replicas(Path(tmp)) as (dbs, t):
+        live = fill(dbs, history)
+        old = listing.PAGE_LIMIT
+        listing.PAGE_LIMIT = page_limit       # many rounds and node pages
         try:
-            live = fill(dbs, history)
-            old = listing.PAGE_LIMIT
-            listing.PAGE_LIMIT = page_limit       # many rounds and node pages
-            try:
-                t = DBTransport({n.address: db for n, db in zip(NODES, dbs)})
-                got = walk(t, prefix, delimiter, max_keys, rolled=True)
-                full = walk(t, prefix, delimiter, max_keys, rolled=False)
-            finally:
-                listing.PAGE_LIMIT = old
-            want_objs, want_prefixes, _ = model(live, prefix, delimiter, "", 10**9)
-            assert got == (want_objs, want_prefixes)
-            assert full == got
+            got = walk(t, prefix, delimiter, max_keys, rolled=True)
+            full = walk(t, prefix, delimiter, max_keys, rolled=False)
         finally:
-            for db in dbs:
-                db.close()
+            listing.PAGE_LIMIT = old
+        want_objs, want_prefixes, _ = model(live, prefix, delimiter, "", 10**9)
+        assert got == (want_objs, want_prefixes)
+        assert full == got
 
 
 def test_a_rolled_prefix_costs_a_record_per_node_not_one_per_key(tmp_path: Path) -> None:
-    dbs = [MetaDB(tmp_path / f"c{i}", sync=False) for i in range(3)]
-    try:
+    with replicas(tmp_path) as (dbs, t):
         for db in dbs:
             db.write({object_key(BUCKET, f"d{p}/k{i:04d}"): rec(1, False)
                       for p in range(5) for i in range(2000)}, sync=False)
-        t = DBTransport({n.address: db for n, db in zip(NODES, dbs)})
         assert walk(t, "", "/", 1000, rolled=True) == ([], [f"d{p}/" for p in range(5)])
         assert t.sent == 3 * 5                    # one record per prefix per node
         t.sent = 0
         assert walk(t, "", "/", 1000, rolled=False) == ([], [f"d{p}/" for p in range(5)])
         assert t.sent == 3 * 5 * 2000
-    finally:
-        for db in dbs:
-            db.close()
 
 
 def test_a_delete_missing_on_one_replica_falls_back_to_every_record(tmp_path: Path) -> None:
     """d/k0 deleted (acknowledged by c1 and c2), c0 still has it live: c0 rolls d/ up at
     d/k0. d/ has no live key, so it must not be listed."""
-    dbs = [MetaDB(tmp_path / f"c{i}", sync=False) for i in range(3)]
-    try:
+    with replicas(tmp_path) as (dbs, t):
         for n, db in enumerate(dbs):
             db.write({object_key(BUCKET, "d/k0"): rec(1 if n == 0 else 2, n != 0),
                       object_key(BUCKET, "d/k1"): rec(2, True),
                       object_key(BUCKET, "e"): rec(1, False)}, sync=False)
-        t = DBTransport({n.address: db for n, db in zip(NODES, dbs)})
         assert walk(t, "", "/", 1000, rolled=True) == (["e"], [])
-    finally:
-        for db in dbs:
-            db.close()
 
 
 def test_stale_replicas_hiding_each_others_deletes_fall_back(tmp_path: Path) -> None:
@@ -169,26 +155,16 @@ def test_stale_replicas_hiding_each_others_deletes_fall_back(tmp_path: Path) -> 
     tombstones of P/c are never sent, and c2's stale P/c would look live - the stale
     P/a (its tombstone is newer, and every node sent what it has up to P/a) sends the
     listing back to every record. P/ must not be listed."""
-    dbs = [MetaDB(tmp_path / f"c{i}", sync=False) for i in range(3)]
-    try:
+    with replicas(tmp_path) as (dbs, t):
         for n, db in enumerate(dbs):
             db.write({object_key(BUCKET, f"P/{k}"): rec(1, False) if n == i else rec(2, True)
                       for i, k in enumerate("abc")}, sync=False)
-        t = DBTransport({n.address: db for n, db in zip(NODES, dbs)})
         assert walk(t, "", "/", 1000, rolled=True) == ([], [])
-    finally:
-        for db in dbs:
-            db.close()
 
 
 def test_a_delimiter_longer_than_a_node_takes_is_not_sent(tmp_path: Path) -> None:
     """No key can hold a delimiter over 1,024 bytes: the listing is a plain one."""
-    dbs = [MetaDB(tmp_path / f"c{i}", sync=False) for i in range(3)]
-    try:
+    with replicas(tmp_path) as (dbs, t):
         for db in dbs:
             db.write({object_key(BUCKET, k): rec(1, False) for k in ("a/b", "c")}, sync=False)
-        t = DBTransport({n.address: db for n, db in zip(NODES, dbs)})
         assert walk(t, "", "/" * 1025, 1000, rolled=True) == (["a/b", "c"], [])
-    finally:
-        for db in dbs:
-            db.close()
