@@ -11,13 +11,15 @@ for inspection, never served again and no longer listed, so repair sees it missi
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
+import itertools
 import os
 import re
 import struct
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,6 +60,8 @@ class FragmentStore:
         self.root = data_dir / "fragments"
         self._root_str = str(self.root)
         self.tmp = data_dir / "tmp"
+        self._tmp_str = str(self.tmp)
+        self._tmp_seq = itertools.count()   # next() is atomic under the GIL
         self.quarantine = data_dir / "quarantine"
         self.fsync = fsync
         if reserve_bytes is None:
@@ -87,42 +91,56 @@ class FragmentStore:
         return count, size
 
     def put(self, fid: str, body: bytes, checksum: str, meta: dict[str, Any]) -> bool:
-        """Store a fragment whose body must hash to `checksum`; True if it replaced one."""
+        """Store a fragment whose body must hash to `checksum`; True if it replaced one.
+
+        Plain os calls on str paths (no pathlib, no buffered file object, no uuid): a
+        1 KiB put was ~17 system calls, now ~12."""
         if hashlib.sha256(body).hexdigest() != checksum:
             raise BadRequest("body does not match its checksum (truncated or damaged upload)")
         header = pack({"checksum": checksum, "size": len(body), "meta": meta})
-        final = self.path(fid)
-        st = os.statvfs(self.tmp)
-        if st.f_bavail * st.f_frsize - len(body) - len(header) < self.reserve_bytes:
+        head = MAGIC + struct.pack(">I", len(header)) + header
+        size = len(head) + len(body)
+        final = self._path_str(fid)
+        st = os.statvfs(self._tmp_str)
+        if st.f_bavail * st.f_frsize - size < self.reserve_bytes:
             raise InsufficientStorage(f"disk full: fewer than {self.reserve_bytes} bytes "
                                       "would stay free")
-        tmp = self.tmp / f"{fid}.{uuid.uuid4().hex}"
+        # unique in this process, and tmp/ is emptied when the store opens
+        tmp = f"{self._tmp_str}/{fid}.{os.getpid()}.{next(self._tmp_seq)}"
         try:
-            with open(tmp, "wb") as f:
-                f.write(MAGIC + struct.pack(">I", len(header)) + header)
-                f.write(body)
-                f.flush()
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+            try:
+                if os.writev(fd, [head, body]) != size:   # short: only when the disk fills
+                    os.ftruncate(fd, 0)
+                    os.lseek(fd, 0, os.SEEK_SET)
+                    _write_all(fd, head + bytes(body))
                 if self.fsync:
-                    os.fsync(f.fileno())
-            if final.parent.name not in self._dirs_made:  # a mkdir per put cost ~8% of it
-                final.parent.mkdir(exist_ok=True)
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            sub = final[len(self._root_str) + 1:len(self._root_str) + 3]
+            if sub not in self._dirs_made:  # a mkdir per put cost ~8% of it
+                os.makedirs(os.path.dirname(final), exist_ok=True)
                 if self.fsync:
                     _fsync_dir(self.root)
-                self._dirs_made.add(final.parent.name)
+                self._dirs_made.add(sub)
             with self._lock:
-                old = final.stat().st_size if final.exists() else None
+                try:
+                    old: int | None = os.stat(final).st_size
+                except FileNotFoundError:
+                    old = None
                 os.replace(tmp, final)
-                new_size = final.stat().st_size
                 if old is None:
                     self.count += 1
-                    self.bytes += new_size
+                    self.bytes += size
                 else:
-                    self.bytes += new_size - old
+                    self.bytes += size - old
             if self.fsync:  # the rename must survive a power loss too (~0.2 ms here)
-                _fsync_dir(final.parent)
+                _fsync_dir(os.path.dirname(final))
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            if exc.errno == 28:  # ENOSPC
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            if exc.errno == errno.ENOSPC:
                 raise InsufficientStorage("no space left on device") from None
             raise
         return old is not None
@@ -172,10 +190,17 @@ class FragmentStore:
     def read_raw(self, fid: str) -> tuple[bytes, int]:
         """The whole file of a fragment, unchecked, and its inode number; NotFound."""
         try:
-            with open(self.path(fid), "rb") as f:
-                return f.read(), os.fstat(f.fileno()).st_ino
+            fd = os.open(self._path_str(fid), os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             raise NotFound(f"fragment {fid} not found") from None
+        try:
+            st = os.fstat(fd)
+            parts = [os.read(fd, st.st_size)]
+            while parts[-1]:    # the file grew or the read came back short: read to EOF
+                parts.append(os.read(fd, 1 << 20))
+            return parts[0] if len(parts) == 2 else b"".join(parts), st.st_ino
+        finally:
+            os.close(fd)
 
     def quarantine_fragment(self, fid: str, inode: int | None = None) -> bool:
         """Move a fragment file into quarantine/; True if moved.
@@ -230,7 +255,13 @@ class FragmentStore:
                 "disk_free_bytes": st.f_bavail * st.f_frsize}
 
 
-def _fsync_dir(path: Path) -> None:
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _fsync_dir(path: Path | str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
