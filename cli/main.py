@@ -414,10 +414,10 @@ def report_table(title: str, rows: list[tuple[str, object]], errors: list[str]) 
 
 
 async def cmd_repair(c: Client, a: argparse.Namespace) -> int:
-    from store.cluster import cluster_path
+    from store.cluster import state_path
     from store.repair import prepare_repair
 
-    state = cluster_path(a.cluster).parent / "repair.state.json"
+    state = state_path(a.cluster, "repair.state.json")
     if a.restart:
         state.unlink(missing_ok=True)
     err.print("reading metadata and fragment listings ...")

@@ -12,7 +12,7 @@ from rich.table import Table
 from placement.cluster_map import ClusterMap
 from placement.nodes import Node
 from store.client import MAP_TTL_S, Client
-from store.cluster import cluster_path
+from store.cluster import state_path
 from store.errors import BadRequest, NotFound
 
 
@@ -114,7 +114,7 @@ async def cmd_rebalance(c: Client, a: argparse.Namespace) -> int:
     from cli.main import drive, err, human, report_table
     from store.rebalance import prepare_rebalance
 
-    state = cluster_path(a.cluster).parent / "rebalance.state.json"
+    state = state_path(a.cluster, "rebalance.state.json")
     err.print("reading metadata and fragment listings ...")
     w = await prepare_rebalance(c, a.dry_run, a.rate, state)
     if w.resumed_after:

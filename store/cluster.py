@@ -19,6 +19,16 @@ def cluster_path(explicit: str | os.PathLike[str] | None = None) -> Path:
     return Path(env) if env else DEFAULT_CLUSTER_PATH
 
 
+def state_path(explicit: str | os.PathLike[str] | None, name: str) -> Path:
+    """Where a resumable command (repair, rebalance) keeps its position: beside the cluster
+    file when there is one, else (a cluster found from $ECSTORE_CONTROL, as inside the
+    containers, whose working directory is not writable) under ~/.ecstore."""
+    p = cluster_path(explicit)
+    if explicit or "ECSTORE_CLUSTER" in os.environ or p.exists():
+        return p.parent / name
+    return Path.home() / ".ecstore" / name
+
+
 @dataclass(frozen=True)
 class ClusterInfo:
     """What a client needs to reach a cluster."""

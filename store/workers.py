@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
@@ -13,6 +14,8 @@ from placement.nodes import Node
 from store.client import Client
 from store.errors import NotFound
 from store.wire import unpack
+
+log = logging.getLogger("ecstore.workers")
 
 LISTING_PAGE = 10_000
 MAX_PARALLEL_HEADS = 32
@@ -107,10 +110,20 @@ class Checkpoint:
             return ("", "")
 
     def save(self, bucket: str, key: str) -> None:
-        if self.path is not None:
+        """Record the position; a place it cannot be written (a read-only or missing
+        directory that cannot be made) turns saving off with one warning: the pass goes
+        on, it just cannot be resumed."""
+        if self.path is None:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(".tmp")
             tmp.write_text(json.dumps({"bucket": bucket, "key": key}))
             tmp.replace(self.path)
+        except OSError as exc:
+            log.warning("cannot save progress to %s (%s): this run goes on but cannot be "
+                        "resumed", self.path, exc.strerror or exc)
+            self.path = None
 
     def finish(self) -> None:
         if self.path is not None:

@@ -143,3 +143,44 @@ def test_unrecoverable_objects_are_named(cluster: LocalCluster, client: SyncClie
     assert rep["unrecoverable"] == ["heal/obj-01"]
     text = run_cli(cluster, "repair", "--restart")
     assert b"unrecoverable" in text.stdout and b"heal/obj-01" in text.stdout
+
+
+def test_repair_and_rebalance_found_from_the_environment_keep_state_under_home(
+        cluster: LocalCluster, objects: dict[str, bytes], tmp_path: Path) -> None:
+    """Inside the containers the CLI finds the cluster from $ECSTORE_CONTROL and
+    $ECSTORE_SECRET and runs where there is no .ecstore directory: repair and rebalance
+    keep their position under ~/.ecstore (made if missing) instead of ending in a
+    traceback at the first object they save."""
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "ECSTORE_CLUSTER"}
+    env.update(ECSTORE_CONTROL=",".join(n.url for n in cluster.nodes.values()
+                                        if n.role == "control"),
+               ECSTORE_SECRET=cluster.secret, HOME=str(home),
+               PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
+    for cmd in ("repair", "rebalance"):
+        r = subprocess.run([sys.executable, "-m", "cli.main", cmd, "--json"], cwd=work,
+                           env=env, capture_output=True, timeout=300)
+        assert b"Traceback" not in r.stderr, r.stderr.decode()
+        report = json.loads(r.stdout)   # the whole pass ran (its exit code and failures
+        assert report["objects_checked"] >= len(objects)   # depend on what earlier tests lost)
+    assert (home / ".ecstore").is_dir()     # where the position was kept
+    assert not (work / ".ecstore").exists()
+
+
+def test_a_position_that_cannot_be_saved_does_not_stop_the_pass(tmp_path: Path,
+                                                                caplog: pytest.LogCaptureFixture
+                                                                ) -> None:
+    from store.workers import Checkpoint
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the state directory would go")
+    cp = Checkpoint(blocker / "sub" / "repair.state.json")
+    cp.save("b", "k1")                  # cannot make the directory: a warning, no raise
+    assert cp.path is None and "cannot save progress" in caplog.text
+    cp.save("b", "k2")
+    cp.finish()
+    assert cp.load() == ("", "")
+    ok = Checkpoint(tmp_path / "new" / "dir" / "rebalance.state.json")
+    ok.save("b", "k3")                  # a missing directory is made
+    assert ok.load() == ("b", "k3")
