@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import time
 from pathlib import Path
@@ -37,8 +38,11 @@ async def cmd_ring_show(c: Client, a: argparse.Namespace) -> int:
     from cli.main import out
     cmap = await c.cluster_map(refresh=True)
     rows = ring_rows(cmap)
+    pending = [name for name, yes in (("storage", bool(cmap.previous_storage_rings)),
+                                      ("control", cmap.previous_control is not None)) if yes]
     if a.json:
         print(json.dumps({"epoch": cmap.epoch, "previous_epoch": cmap.previous_epoch,
+                          "rebalance_pending": pending,
                           "policies": [p.to_dict() for p in cmap.policies], "nodes": rows},
                          indent=2))
         return 0
@@ -52,11 +56,19 @@ async def cmd_ring_show(c: Client, a: argparse.Namespace) -> int:
     for p in cmap.policies:
         out.print(f"policy {p.name}: {p.k}+{p.m} {p.ec_type}, "
                   f"{p.segment_size_bytes // 1024} KiB segments, tier {p.tier}", highlight=False)
+    if pending:
+        out.print(f"rebalance pending: the last {' and '.join(pending)} ring change (epoch "
+                  f"{cmap.previous_epoch}) is not all moved yet; run `ecstore rebalance`",
+                  highlight=False)
     return 0
 
 
 async def change_ring(c: Client, op: str, a: argparse.Namespace) -> ClusterMap:
-    """Apply one ring change to the newest map, publish it, return it."""
+    """Apply one ring change to the newest map, publish it, return it.
+
+    Refused while the last change of the same ring is not rebalanced yet (a map keeps one
+    previous placement: a second change would leave fragments where no reader looks),
+    unless `a.force`; a change that changes nothing is not published."""
     cmap = await c.cluster_map(refresh=True)
     try:
         if op == "add" and getattr(a, "role", "storage") == "control":
@@ -65,7 +77,7 @@ async def change_ring(c: Client, op: str, a: argparse.Namespace) -> ClusterMap:
             node.check()
             if any(n.id == a.id for n in cmap.control.nodes):
                 raise BadRequest(f"node {a.id} is already in the map")
-            new = cmap.with_control_ring(cmap.control.add(node)[0])
+            old, ring = cmap.control, cmap.control.add(node)[0]
         elif op == "add":
             node = Node(id=a.id, address=a.url, weight=a.weight, zone=a.zone or a.id,
                         tier=a.tier)
@@ -73,19 +85,37 @@ async def change_ring(c: Client, op: str, a: argparse.Namespace) -> ClusterMap:
             if any(n.id == a.id for n in cmap.all_storage_nodes()):
                 raise BadRequest(f"node {a.id} is already in the map")
             try:
-                new_ring, _ = cmap.storage_ring(a.tier).add(node)
+                old = cmap.storage_ring(a.tier)
+                ring = old.add(node)[0]
             except KeyError:
                 from placement.ring import Ring
-                new_ring = Ring.build([node], cmap.storage_rings[0].part_power, tier=a.tier)
-            new = cmap.with_storage_ring(new_ring)
+                old, ring = None, Ring.build([node], cmap.storage_rings[0].part_power,
+                                             tier=a.tier)
         elif any(n.id == a.id for n in cmap.control.nodes):
-            new = cmap.with_control_ring(_change(cmap.control, op, a))
+            old = cmap.control
+            ring = _change(cmap.control, op, a)
         else:
-            holder = next((r for r in cmap.storage_rings if any(n.id == a.id for n in r.nodes)),
-                          None)
-            if holder is None:
+            old = next((r for r in cmap.storage_rings if any(n.id == a.id for n in r.nodes)),
+                       None)
+            if old is None:
                 raise NotFound(f"no node {a.id} in the map")
-            new = cmap.with_storage_ring(_change(holder, op, a))
+            ring = _change(old, op, a)
+        control = ring.tier == "control"
+        if old is not None and (ring.to_dict() == old.to_dict() or _asks_nothing(old, op, a)):
+            from cli.main import err
+            err.print(f"no change: the map stays at epoch {cmap.epoch}")
+            return cmap
+        pending = cmap.previous_control is not None if control \
+            else bool(cmap.previous_storage_rings)
+        if pending and not getattr(a, "force", False):
+            what = "metadata" if control else "fragments"
+            raise BadRequest(
+                f"refused: the {what} of the last {'control' if control else 'storage'} "
+                f"ring change (epoch {cmap.previous_epoch} -> {cmap.epoch}) are not all moved "
+                "yet: run `ecstore rebalance` first (a map keeps one previous placement, so "
+                "a second change now would leave some where no reader looks). --force "
+                "changes the ring anyway")
+        new = cmap.with_control_ring(ring) if control else cmap.with_storage_ring(ring)
     except ValueError as exc:  # a change that leaves a policy unable to place k+m
         raise BadRequest(f"refused: {exc}") from None
     failed = await c.publish_map(new)
@@ -93,6 +123,24 @@ async def change_ring(c: Client, op: str, a: argparse.Namespace) -> ClusterMap:
     err.print(f"map epoch {cmap.epoch} -> {new.epoch}"
               + (f" (not reached: {', '.join(failed)})" if failed else ""))
     return new
+
+
+async def settle_storage(c: Client) -> bool:
+    """Publish a map without the previous storage placement, once a rebalance pass found
+    nothing left to move (readers stop looking there; the next ring change is allowed).
+    True if a map was published."""
+    cmap = await c.cluster_map(refresh=True)
+    if not cmap.previous_storage_rings:
+        return False
+    await c.publish_map(cmap.bump(previous_storage_rings=()))
+    return True
+
+
+def _asks_nothing(ring: Any, op: str, a: argparse.Namespace) -> bool:
+    """A reweight to the weight a node has, or a set-zone to its zone."""
+    node = next((n for n in ring.nodes if n.id == a.id), None)
+    return node is not None and ((op == "reweight" and node.weight == a.weight)
+                                 or (op == "set-zone" and node.zone == a.zone))
 
 
 def _change(ring: Any, op: str, a: argparse.Namespace) -> Any:
@@ -111,6 +159,11 @@ def ring_command(op: str) -> Any:
 
 
 async def cmd_rebalance(c: Client, a: argparse.Namespace) -> int:
+    """Move fragments to where the current map places them, then metadata records. A pass
+    that moved something is followed by another once every client holds the new map
+    (writers with a map up to MAP_TTL_S old may have placed fragments the old way while
+    it ran), up to DRAIN_PASSES; once a pass finds nothing to move, the map drops the
+    previous placement and the next ring change is allowed."""
     from cli.main import drive, err, human, report_table
     from store.rebalance import prepare_rebalance
 
@@ -120,11 +173,28 @@ async def cmd_rebalance(c: Client, a: argparse.Namespace) -> int:
     if w.resumed_after:
         err.print(f"resuming: {w.resumed_after} objects were done by an earlier run")
     r = w.report
+    show = err.is_terminal and not a.json
     await drive(w, "rebalance", lambda: f"rebalance: {r.moved} moved, {human(r.bytes_moved)}",
-                err.is_terminal and not a.json)
+                show)
     w.report.seconds = time.monotonic() - w.limiter.start
     w.finish()
     rep = w.report.to_dict()
+    last_moved, passes = rep["moved"], 1
+    while not a.dry_run and not rep["failed"] and last_moved and passes < DRAIN_PASSES:
+        await asyncio.sleep(MAP_TTL_S + 0.5)
+        passes += 1
+        err.print(f"pass {passes}: looking for fragments placed the old way meanwhile ...")
+        again = await prepare_rebalance(c, False, a.rate, state)
+        await drive(again, f"rebalance pass {passes}", lambda: "rebalance", show,
+                    op="rebalance")
+        again.finish()
+        last_moved = again.report.moved
+        for field in ("moved", "bytes_moved", "skipped", "failed"):
+            rep[field] += getattr(again.report, field)
+        rep["errors"] += again.report.errors
+    rep["passes"] = passes
+    rep["settled"] = (not a.dry_run and not rep["failed"] and last_moved == 0
+                      and await settle_storage(c))
     rep["metadata"] = (await finish_metadata_move(c, a.dry_run)).to_dict()
     if a.json:
         print(json.dumps(rep, indent=2))
@@ -132,7 +202,7 @@ async def cmd_rebalance(c: Client, a: argparse.Namespace) -> int:
         md = rep["metadata"]
         report_table("rebalance" + (" (dry run: would move)" if a.dry_run else ""),
                      [(n.replace("_", " "), rep[n])
-                      for n in ("objects_checked", "moved", "skipped", "failed")]
+                      for n in ("objects_checked", "moved", "skipped", "failed", "passes")]
                      + [("bytes moved", human(rep["bytes_moved"])),
                         ("metadata records moved", md["copied"]),
                         ("metadata failed", md["failed"])], rep["errors"])
@@ -222,6 +292,7 @@ def cmd_remove_node(a: argparse.Namespace) -> int:
                 err.print("")
                 failed = w.report.failed
                 if w.report.moved == 0 and not failed:
+                    await settle_storage(c)
                     break
             return failed
         finally:
@@ -249,6 +320,10 @@ def register_cluster(csub: Any) -> None:
     rm.set_defaults(func=cmd_remove_node)
 
 
+FORCE_HELP = ("change the ring although the last change is not rebalanced yet (objects "
+              "not moved yet may be unreadable until a rebalance)")
+
+
 def register(sub: Any, with_client: Any) -> None:
     ring = sub.add_parser("ring", help="show or change the cluster map's rings")
     rs = ring.add_subparsers(dest="ring_command", required=True)
@@ -262,17 +337,21 @@ def register(sub: Any, with_client: Any) -> None:
     add.add_argument("--weight", type=float, default=1.0)
     add.add_argument("--tier", default="hot")
     add.add_argument("--role", choices=["storage", "control"], default="storage")
+    add.add_argument("--force", action="store_true", help=FORCE_HELP)
     add.set_defaults(func=with_client(ring_command("add")))
     rm = rs.add_parser("remove", help="remove a node from its ring (then run rebalance)")
     rm.add_argument("id")
+    rm.add_argument("--force", action="store_true", help=FORCE_HELP)
     rm.set_defaults(func=with_client(ring_command("remove")))
     rw = rs.add_parser("reweight", help="change a node's weight")
     rw.add_argument("id")
     rw.add_argument("weight", type=float)
+    rw.add_argument("--force", action="store_true", help=FORCE_HELP)
     rw.set_defaults(func=with_client(ring_command("reweight")))
     sz = rs.add_parser("set-zone", help="move a node to another zone")
     sz.add_argument("id")
     sz.add_argument("zone")
+    sz.add_argument("--force", action="store_true", help=FORCE_HELP)
     sz.set_defaults(func=with_client(ring_command("set-zone")))
 
     rb = sub.add_parser("rebalance", help="move fragments to where the current map puts them")

@@ -12,6 +12,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -168,3 +169,41 @@ def test_a_change_that_leaves_too_few_nodes_is_refused(cluster: LocalCluster) ->
         proc = subprocess.run([sys.executable, "-m", "cli.main", "--cluster", str(cluster.path),
                                "ring", "remove", node], cwd=ROOT, capture_output=True, timeout=60)
         assert proc.returncode == 2 and b"refused" in proc.stderr, proc.stderr
+
+
+def ring_show(cluster: LocalCluster) -> dict[str, Any]:
+    return json.loads(cli(cluster, "ring", "show", "--json").stdout)  # type: ignore[no-any-return]
+
+
+def test_a_second_ring_change_waits_for_the_rebalance_of_the_first(
+        cluster: LocalCluster, objects: dict[str, bytes]) -> None:
+    """A map keeps one previous placement: a second change before the first is rebalanced
+    would leave fragments where no reader looks. It is refused (exit 2, saying to run
+    rebalance) unless --force; a rebalance that finds nothing more to move drops the
+    previous placement; a change that changes nothing publishes nothing."""
+    shown = ring_show(cluster)
+    epoch = shown["epoch"]
+    assert shown["rebalance_pending"] == []       # the drain above settled its change
+    zone = next(n["zone"] for n in shown["nodes"] if n["id"] == "s2")
+    cli(cluster, "ring", "set-zone", "s2", zone)  # the zone it has: no new epoch
+    assert ring_show(cluster)["epoch"] == epoch
+
+    cli(cluster, "ring", "reweight", "s2", "3")
+    assert ring_show(cluster)["rebalance_pending"] == ["storage"]
+    second = subprocess.run([sys.executable, "-m", "cli.main", "--cluster", str(cluster.path),
+                             "ring", "reweight", "s3", "2"], cwd=ROOT, capture_output=True,
+                            timeout=60)
+    assert second.returncode == 2 and b"ecstore rebalance" in second.stderr, second.stderr
+    assert b"Traceback" not in second.stderr
+    assert ring_show(cluster)["epoch"] == epoch + 1
+
+    report = json.loads(cli(cluster, "rebalance", "--json").stdout)
+    assert report["failed"] == 0 and report["moved"] > 0 and report["settled"] is True
+    assert ring_show(cluster)["rebalance_pending"] == []
+    cli(cluster, "ring", "reweight", "s3", "2")           # allowed now
+    cli(cluster, "ring", "reweight", "s2", "1", "--force")  # and a forced second one
+    report = json.loads(cli(cluster, "rebalance", "--json").stdout)
+    assert report["failed"] == 0 and report["settled"] is True
+    with SyncClient(cluster.path) as c:
+        for k, v in objects.items():
+            assert c.get("grow", k) == v, k
