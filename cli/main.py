@@ -19,7 +19,7 @@ from rich.table import Table
 
 from store.client import Client, ObjectInfo, new_version_id
 from store.cluster import ClusterInfo
-from store.errors import BadRequest, EcstoreError
+from store.errors import BadRequest, EcstoreError, Unavailable
 from store.names import OPS_BUCKET, WORKER_OPS
 
 PROGRESS_MIN_BYTES = 8 * 1024 * 1024
@@ -103,13 +103,22 @@ def cmd_cluster_down(a: argparse.Namespace) -> int:
 
 
 # ---- commands that talk to the cluster ---------------------------------------------------
-def with_client(fn: Callable[[Client, argparse.Namespace], Awaitable[int]]
-                ) -> Callable[[argparse.Namespace], int]:
+def with_client(fn: Callable[[Client, argparse.Namespace], Awaitable[int]],
+                no_map_exit: int | None = None) -> Callable[[argparse.Namespace], int]:
+    """Run `fn` with a client holding the cluster map; `no_map_exit`: when no control node
+    answers with one, say so and exit with this code instead of failing (status: 3)."""
     def run(a: argparse.Namespace) -> int:
         async def go() -> int:
             c = Client(ClusterInfo.load(a.cluster))
             try:
-                await c.cluster_map()
+                try:
+                    await c.cluster_map()
+                except Unavailable as exc:
+                    if no_map_exit is None:
+                        raise
+                    err.print(f"error: {exc.message} - every control node is down or "
+                              "unreachable", highlight=False)
+                    return no_map_exit
                 return await fn(c, a)
             finally:
                 await c.close()
@@ -253,18 +262,22 @@ async def cmd_get(c: Client, a: argparse.Namespace) -> int:
     info = await c.head(bucket, key)
     tmp = Path(a.file + ".ecstore-partial")
     progress = _progress() if info.size >= PROGRESS_MIN_BYTES and err.is_terminal else None
-    with open(tmp, "wb") as f:
-        if progress is not None:
-            progress.start()
-            task = progress.add_task(f"get {key}", total=info.size)
-        try:
-            async for part in c.get_stream(bucket, key, start, end):
-                f.write(part)
-                if progress is not None:
-                    progress.advance(task, len(part))
-        finally:
+    try:
+        with open(tmp, "wb") as f:
             if progress is not None:
-                progress.stop()
+                progress.start()
+                task = progress.add_task(f"get {key}", total=info.size)
+            try:
+                async for part in c.get_stream(bucket, key, start, end):
+                    f.write(part)
+                    if progress is not None:
+                        progress.advance(task, len(part))
+            finally:
+                if progress is not None:
+                    progress.stop()
+    except BaseException:
+        tmp.unlink(missing_ok=True)     # no half file left behind
+        raise
     os.replace(tmp, a.file)
     return 0
 
@@ -320,6 +333,9 @@ async def cmd_ls(c: Client, a: argparse.Namespace) -> int:
         count += len(page.objects) + len(page.common_prefixes)
         if a.max_keys and count >= a.max_keys:
             break
+    if a.max_keys:      # pages hold up to 1,000 entries: no more than asked for
+        prefixes = prefixes[:a.max_keys]
+        objects = objects[:max(0, a.max_keys - len(prefixes))]
     if a.json:
         print(json.dumps({"prefixes": prefixes, "objects": [
             {"key": o.key, "size": o.size, "version_id": o.version_id, "ts": o.ts}
@@ -479,7 +495,7 @@ def parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("status", help="every node: up or down, fragments, bytes, epoch")
     st.add_argument("--json", action="store_true")
-    st.set_defaults(func=with_client(cmd_status))
+    st.set_defaults(func=with_client(cmd_status, no_map_exit=3))
     sc = sub.add_parser("scrub", help="check every fragment of a storage node now, "
                         "quarantine corrupt ones")
     sc.add_argument("--node", help="storage node id (default: every storage node in turn)")

@@ -14,7 +14,7 @@ from placement.cluster_map import ClusterMap
 from placement.nodes import Node
 from store.client import MAP_TTL_S, Client
 from store.cluster import state_path
-from store.errors import BadRequest, NotFound
+from store.errors import BadRequest, NotFound, Unavailable
 
 
 def ring_rows(cmap: ClusterMap) -> list[dict[str, Any]]:
@@ -224,14 +224,21 @@ async def finish_metadata_move(c: Client, dry_run: bool) -> Any:
 DRAIN_PASSES = 5
 
 
+def _load_local(data: Path) -> Any:
+    from cli.localcluster import LocalCluster
+    if not (data / "cluster.json").exists():
+        raise BadRequest(f"no cluster.json in {data}: pass the --data DIR of `ecstore "
+                         "cluster up`")
+    return LocalCluster.load(data)
+
+
 def cmd_add_node(a: argparse.Namespace) -> int:
     import asyncio
 
-    from cli.localcluster import LocalCluster
     from cli.main import err
     from store.cluster import ClusterInfo
 
-    cluster = LocalCluster.load(Path(a.data))
+    cluster = _load_local(Path(a.data))
     spec = cluster.add_node_spec(a.role, a.zone, a.tier)
     cluster.start_node(spec.id)
     cluster.write()
@@ -259,12 +266,11 @@ def cmd_add_node(a: argparse.Namespace) -> int:
 def cmd_remove_node(a: argparse.Namespace) -> int:
     import asyncio
 
-    from cli.localcluster import LocalCluster
     from cli.main import err
     from store.cluster import ClusterInfo
     from store.rebalance import prepare_rebalance
 
-    cluster = LocalCluster.load(Path(a.data))
+    cluster = _load_local(Path(a.data))
     if a.id not in cluster.nodes:
         raise NotFound(f"no node {a.id} in {cluster.path}")
 
@@ -298,9 +304,9 @@ def cmd_remove_node(a: argparse.Namespace) -> int:
         finally:
             await c.close()
     failed = asyncio.run(drain())
-    if failed:
-        raise BadRequest(f"{failed} fragments could not be moved off {a.id}; it keeps "
-                         "running: fix the cause and run the command again")
+    if failed:    # a cluster failure (exit 1), not a mistake in the request
+        raise Unavailable(f"{failed} fragments could not be moved off {a.id}; it keeps "
+                          "running: fix the cause and run the command again")
     cluster.forget_node(a.id)
     err.print(f"drained and stopped {a.id}")
     return 0

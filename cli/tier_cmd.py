@@ -11,6 +11,7 @@ from rich.table import Table
 
 from cli.main import drive, out, report_table, with_client
 from store.client import Client
+from store.errors import BadRequest
 from store.tiering import (
     DEFAULT_COLD_AFTER_S,
     DEFAULT_PROMOTE_READS,
@@ -23,8 +24,7 @@ from store.tiering import (
 
 def rules(a: argparse.Namespace) -> TierRules:
     if a.cold_after < 0 or a.window <= 0 or a.promote_reads < 1:
-        raise SystemExit("ecstore: --cold-after must be >= 0, --window > 0, "
-                         "--promote-reads >= 1")
+        raise BadRequest("--cold-after must be >= 0, --window > 0, --promote-reads >= 1")
     return TierRules(a.cold_after, a.promote_reads, a.window)
 
 

@@ -88,3 +88,44 @@ def test_errors_are_messages_not_tracebacks(workdir: Path) -> None:
 def test_up_refuses_a_second_cluster_in_the_same_directory(workdir: Path) -> None:
     proc = ecstore("cluster", "up", "--detach", cwd=workdir, ok=False)
     assert proc.returncode != 0 and b"already running" in proc.stderr
+
+
+def test_ls_max_keys_prints_no_more_than_asked(workdir: Path) -> None:
+    ecstore("mb", "few", cwd=workdir)
+    for i in range(5):
+        ecstore("put", f"few/k{i}", "-", stdin=b"x", cwd=workdir)
+    listing = json.loads(ecstore("ls", "few", "-r", "--max-keys", "3", "--json",
+                                 cwd=workdir).stdout)
+    assert [o["key"] for o in listing["objects"]] == ["k0", "k1", "k2"]
+    assert len(ecstore("ls", "few", "-r", "--max-keys", "2", cwd=workdir).stdout.splitlines()) == 2
+
+
+def test_more_request_mistakes_exit_2_without_a_traceback(workdir: Path, tmp_path: Path) -> None:
+    for args in (["cluster", "add-node", "--data", str(tmp_path / "none")],
+                 ["cluster", "remove-node", "--data", str(tmp_path / "none"), "s1"],
+                 ["tier", "status", "--window", "0"]):
+        proc = ecstore(*args, cwd=workdir, ok=False)
+        assert proc.returncode == 2 and b"Traceback" not in proc.stderr, (args, proc.stderr)
+
+
+# the last tests stop nodes of the module's cluster
+def test_a_failed_get_leaves_no_partial_file(workdir: Path) -> None:
+    from cli.localcluster import LocalCluster
+    payload = os.urandom(9 * 1024 * 1024)
+    (workdir / "big.bin").write_bytes(payload)
+    ecstore("put", "cli-bucket/big", "big.bin", cwd=workdir)
+    cluster = LocalCluster.load(workdir / ".ecstore")
+    for nid in ("s1", "s2", "s3"):      # 3+2 over 5 nodes: two left, three needed
+        cluster.kill_node(nid)
+    proc = ecstore("get", "cli-bucket/big", "got.bin", cwd=workdir, ok=False)
+    assert proc.returncode == 1 and b"Traceback" not in proc.stderr, proc.stderr
+    assert not (workdir / "got.bin").exists()
+    assert not (workdir / "got.bin.ecstore-partial").exists()
+
+
+def test_status_exits_3_when_no_control_node_answers(workdir: Path) -> None:
+    from cli.localcluster import LocalCluster
+    LocalCluster.load(workdir / ".ecstore").kill_node("c1")
+    proc = ecstore("status", cwd=workdir, ok=False)
+    assert proc.returncode == 3, proc.stderr
+    assert b"control node" in proc.stderr and b"Traceback" not in proc.stderr
