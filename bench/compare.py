@@ -355,13 +355,13 @@ class Run:
             self.log(f"{t.key}: warm-up errors: {warm.errors}: {warm.error_sample}")
         return True
 
-    def interleaved(self, targets: list[tuple[wl.Target, ProcWatch]]) -> None:
+    def interleaved(self, targets: list[wl.Target], watch: ProcWatch) -> None:
         """Each workload against every target before the next workload: the three figures
         of a row are measured minutes apart at most, not a whole suite apart (this machine
         drifts by 10-30% over a run)."""
-        ready = [(t, w) for t, w in targets if self.setup(t)]
+        ready = [t for t in targets if self.setup(t)]
         for name, fn in wl.suite(self.p):
-            for t, watch in ready:
+            for t in ready:
                 self.phase(t, name, watch, lambda: fn(t, self.data))
 
 
@@ -383,11 +383,13 @@ def run_all(r: Run) -> None:
     """Start the ecstore cluster and SeaweedFS (those --only names), run every workload
     against each target in turn (Run.interleaved), then stop m storage nodes for the
     degraded gets of the ecstore targets. Both systems stay up the whole run; the one not
-    measured is idle (ecstore's background scrub reads at most 8 MB/s per node)."""
+    measured is idle but for its background work (ecstore's scrub reads up to 8 MB/s per
+    node), and every phase records the CPU of both, so that shows in the usage table."""
     from cli.localcluster import LocalCluster
     with ExitStack() as stack:
-        targets: list[tuple[wl.Target, ProcWatch]] = []
-        cluster = None
+        targets: list[wl.Target] = []
+        cluster: Any = None
+        weed: Any = None
         if {"lib", "gw"} & set(r.targets):
             tmp = stack.enter_context(temp_dir("ecstore-compare-"))
             cluster = LocalCluster.create(tmp, storage=STORAGE_NODES, control=CONTROL_NODES,
@@ -397,22 +399,28 @@ def run_all(r: Run) -> None:
             t0 = time.perf_counter()
             cluster.start()
             r.meta["ecstore_start_s"] = time.perf_counter() - t0
-            watch = ProcWatch(lambda: ecstore_procs(cluster))
             for key in ("lib", "gw"):
                 if key in r.targets:
-                    t = ecstore_target(key, cluster)
-                    stack.callback(suppress_errors, t.close)
-                    targets.append((t, watch))
+                    targets.append(ecstore_target(key, cluster))
+                    stack.callback(suppress_errors, targets[-1].close)
         if "weed" in r.targets:
-            weed = start_weed(r, stack)
-            if weed is not None:
-                targets.append(weed)
-        r.interleaved(targets)
+            started = start_weed(r, stack)
+            if started is not None:
+                targets.append(started[0])
+                weed = started[1]
+
+        def procs() -> dict[str, tuple[str, int]]:
+            found = ecstore_procs(cluster) if cluster is not None else {}
+            if weed is not None and weed.pid:
+                found["weed"] = ("weed", weed.pid)
+            return found
+        watch = ProcWatch(procs)
+        r.interleaved(targets, watch)
         if cluster is not None:
             r.log(f"killing {'+'.join(KILLED)} (SIGKILL)")
             for nid in KILLED:
                 cluster.kill_node(nid)
-            for t, watch in targets:
+            for t in targets:
                 if t.key in ("lib", "gw"):
                     r.phase(t, "degraded", watch, partial(wl.degraded, t, r.p, r.data))
 
@@ -434,7 +442,7 @@ def ecstore_target(key: str, cluster: Any) -> wl.Target:
     return wl.S3Target("gw", gw["url"], gw["access_key"], gw["secret_key"], "cmp-gw", gw["region"])
 
 
-def start_weed(r: Run, stack: ExitStack) -> tuple[wl.Target, ProcWatch] | None:
+def start_weed(r: Run, stack: ExitStack) -> tuple[wl.Target, Any] | None:
     """`weed server -s3` in a temporary directory, stopped by `stack`; None (a failure
     noted) when the binary is missing."""
     binary = seaweed.find_weed()
@@ -451,11 +459,10 @@ def start_weed(r: Run, stack: ExitStack) -> tuple[wl.Target, ProcWatch] | None:
     r.meta["weed"]["start_s"] = server.wait_ready()
     r.meta["weed"]["command"] = server.command()
     assert server.pid is not None
-    watch = ProcWatch(lambda: {"weed": ("weed", server.pid or 0)})
     t = wl.S3Target("weed", server.url, server.access_key, server.secret_key, "cmp-weed",
                     seaweed.REGION)
     stack.callback(suppress_errors, t.close)
-    return t, watch
+    return t, server
 
 
 def base_meta() -> dict[str, Any]:
