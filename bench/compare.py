@@ -195,6 +195,9 @@ def render(report: dict[str, Any], width: int = 170) -> str:
     con.print(usage_table(report["usage"]))
     for name, d in meta.get("durability", {}).items():
         con.print(f"durability, {name}: " + "; ".join(f"{k}: {v}" for k, v in d.items()))
+    if "client_allocator" in meta:
+        con.print(f"this process's malloc (the library's and boto3's buffers): "
+                  f"{meta['client_allocator']}")
     for m in report["measures"]:
         if m["errors"]:
             con.print(f"[red]{m['target']} {m['workload']} {m['op']}[/red]: {m['errors']} "
@@ -490,6 +493,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON file (default {DEFAULT_OUT})")
     ap.add_argument("--gateway-workers", type=int, default=None, metavar="N",
                     help="ecstore gateway processes (default: $ECSTORE_GATEWAY_WORKERS or 1)")
+    ap.add_argument("--default-malloc", action="store_true",
+                    help="leave this process's allocator as glibc sets it (default: "
+                    "store.tune_allocator(), as the README advises for a process that reads "
+                    "large objects; it applies to boto3's reads for both S3 targets too)")
     return ap.parse_args(argv)
 
 
@@ -511,6 +518,11 @@ def main(argv: list[str] | None = None) -> int:
 
     interrupt_on_sigterm()
     r = Run(wl.PROFILES["quick" if args.quick else "full"], args.only, log)
+    if not args.default_malloc:
+        from store import tune_allocator
+        r.meta["client_allocator"] = "tuned" if tune_allocator() else "default (not glibc)"
+    else:
+        r.meta["client_allocator"] = "default"
     r.meta.update(base_meta())
     if r.meta["loadavg_start"][0] > 0.5:
         log(f"note: load average {r.meta['loadavg_start'][0]:.1f} before starting: other work "

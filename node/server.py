@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import hashlib
 import hmac
 import json
@@ -39,6 +37,7 @@ from node.metrics import (
     add_observability_args,
     op_name,
 )
+from store.alloc import MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES, glibc, tune_allocator
 from store.auth import CHECKSUM_HEADER, DATE_HEADER, SIGNATURE_HEADER, verify
 from store.errors import BadRequest, EcstoreError, Unauthorized, Unavailable
 from store.transport import REQUEST_ID_HEADER, REQUEST_ID_RE, new_request_id, request_id
@@ -255,12 +254,7 @@ def run(app: web.Application, host: str, port: int, reuse_port: bool = False,
             handler.flush()
 
 
-M_TRIM_THRESHOLD = -1           # glibc mallopt parameters
-M_MMAP_THRESHOLD = -3
-M_ARENA_MAX = -8
 ARENA_MAX = 2
-MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
-TRIM_THRESHOLD_BYTES = 16 * 1024 * 1024
 TRIM_EVERY_S = 1.0
 TRIM_ABOVE_BYTES = 96 * 1024 * 1024   # RSS under which nothing is trimmed
 
@@ -281,16 +275,13 @@ class Allocator:
     def __init__(self) -> None:
         self.libc: Any = None
         self.trims = 0
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            libc.mallopt, libc.malloc_trim  # noqa: B018 - glibc only
-        except (OSError, AttributeError):
+        libc = glibc()
+        if libc is None:
             return
         threshold = int(os.environ.get("ECSTORE_MMAP_THRESHOLD", MMAP_THRESHOLD_BYTES))
         if threshold > 0:
-            libc.mallopt(M_MMAP_THRESHOLD, threshold)
-            libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
-            libc.mallopt(M_ARENA_MAX, int(os.environ.get("ECSTORE_ARENA_MAX", ARENA_MAX)))
+            tune_allocator(threshold, TRIM_THRESHOLD_BYTES,
+                           int(os.environ.get("ECSTORE_ARENA_MAX", ARENA_MAX)))
         self.libc = libc
         self._page = os.sysconf("SC_PAGE_SIZE")
 
