@@ -466,8 +466,9 @@ async def cmd_repair(c: Client, a: argparse.Namespace) -> int:
 # ---- parser ---------------------------------------------------------------------------
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ecstore", description="erasure-coded object store")
-    p.add_argument("--cluster", help="cluster.json (default $ECSTORE_CLUSTER, "
-                   "else ./.ecstore/cluster.json)")
+    p.add_argument("--cluster", help="cluster.json (default $ECSTORE_CLUSTER, else "
+                   "./.ecstore/cluster.json; if neither exists, $ECSTORE_CONTROL and "
+                   "$ECSTORE_SECRET, as in the containers)")
     sub = p.add_subparsers(dest="command", required=True)
 
     cl = sub.add_parser("cluster", help="start and stop a local cluster")
