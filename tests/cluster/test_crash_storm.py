@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[2]
 KiB, MiB = 1024, 1024 * 1024
 WRITERS = 16
 MIN_PUTS_PER_WRITER = 6     # each writer goes on until the chaos loop has killed enough
-MAX_PUTS_PER_WRITER = 40    # ... but never more than this
+MAX_PUTS_PER_WRITER = 200   # ... but never more than this (40 ran out once on CI: puts
+STORM_MAX_S = 240.0         # got faster than the kills), nor longer than this
 MIN_KILLS = {"storage": 8, "control": 2}
 SIZES = (3 * KiB, 40 * KiB, MiB + 512 * KiB, 6 * MiB + 123)  # inline, inline, 1 seg, 2 segs
 PUT_BOUND_S = 90.0    # a put that takes longer is counted failed (and must not be partial)
@@ -110,8 +111,9 @@ class Chaos(threading.Thread):
 
 
 async def _writer(c: Client, w: int, rng: random.Random, tally: Tally, chaos: Chaos) -> None:
+    deadline = time.monotonic() + STORM_MAX_S
     for n in range(MAX_PUTS_PER_WRITER):
-        if n >= MIN_PUTS_PER_WRITER and chaos.enough():
+        if n >= MIN_PUTS_PER_WRITER and (chaos.enough() or time.monotonic() > deadline):
             return
         key = f"w{w:02d}/obj-{n:02d}"
         data = rng.randbytes(rng.choice(SIZES))
