@@ -2,6 +2,7 @@
 library, (b) the ecstore S3 gateway through boto3 and (c) SeaweedFS through boto3.
 
     python -m bench.compare [--quick] [--json] [--only a,b,c] [--out PATH] [--gateway-workers N]
+                            [--default-malloc]
 
 ecstore: a local cluster (3 control + 6 storage nodes + 1 gateway, 4+2 isa_l_rs_vand, fsync
 on) in a temporary directory, and SeaweedFS, `weed server -s3` (bench/seaweed.py), both up

@@ -5,6 +5,7 @@ import argparse
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +137,24 @@ async def settle_storage(c: Client) -> bool:
     return True
 
 
+async def passes_until_still(c: Client, run_pass: Callable[[int], Awaitable[Any]],
+                             reports: list[Any], retry_failed: bool) -> bool:
+    """Rebalance passes (`run_pass(n)` -> its report), appended to `reports` (the passes
+    already run), until one finds nothing to move, at most DRAIN_PASSES in all. Each waits
+    until every writer holds the current map first (writers with a map up to MAP_TTL_S
+    old may have placed fragments the old way meanwhile). A pass that failed ends them
+    unless `retry_failed`. True if the last moved and failed nothing and the map then
+    dropped the previous placement (settle_storage)."""
+    while len(reports) < DRAIN_PASSES:
+        if reports and (not reports[-1].failed and not reports[-1].moved
+                        or reports[-1].failed and not retry_failed):
+            break
+        await asyncio.sleep(MAP_TTL_S + 0.5)
+        reports.append(await run_pass(len(reports) + 1))
+    last = reports[-1]
+    return not last.moved and not last.failed and await settle_storage(c)
+
+
 def _asks_nothing(ring: Any, op: str, a: argparse.Namespace) -> bool:
     """A reweight to the weight a node has, or a set-zone to its zone."""
     node = next((n for n in ring.nodes if n.id == a.id), None)
@@ -179,22 +198,22 @@ async def cmd_rebalance(c: Client, a: argparse.Namespace) -> int:
     w.report.seconds = time.monotonic() - w.limiter.start
     w.finish()
     rep = w.report.to_dict()
-    last_moved, passes = rep["moved"], 1
-    while not a.dry_run and not rep["failed"] and last_moved and passes < DRAIN_PASSES:
-        await asyncio.sleep(MAP_TTL_S + 0.5)
-        passes += 1
-        err.print(f"pass {passes}: looking for fragments placed the old way meanwhile ...")
-        again = await prepare_rebalance(c, False, a.rate, state)
-        await drive(again, f"rebalance pass {passes}", lambda: "rebalance", show,
-                    op="rebalance")
-        again.finish()
-        last_moved = again.report.moved
+    reports = [w.report]
+    settled = False
+    if not a.dry_run:
+        async def again(n: int) -> Any:
+            err.print(f"pass {n}: looking for fragments placed the old way meanwhile ...")
+            nxt = await prepare_rebalance(c, False, a.rate, state)
+            await drive(nxt, f"rebalance pass {n}", lambda: "rebalance", show, op="rebalance")
+            nxt.finish()
+            return nxt.report
+        settled = await passes_until_still(c, again, reports, retry_failed=False)
+    for more in reports[1:]:
         for field in ("moved", "bytes_moved", "skipped", "failed"):
-            rep[field] += getattr(again.report, field)
-        rep["errors"] += again.report.errors
-    rep["passes"] = passes
-    rep["settled"] = (not a.dry_run and not rep["failed"] and last_moved == 0
-                      and await settle_storage(c))
+            rep[field] += getattr(more, field)
+        rep["errors"] += more.errors
+    rep["passes"] = len(reports)
+    rep["settled"] = settled
     rep["metadata"] = (await finish_metadata_move(c, a.dry_run)).to_dict()
     if a.json:
         print(json.dumps(rep, indent=2))
@@ -233,8 +252,6 @@ def _load_local(data: Path) -> Any:
 
 
 def cmd_add_node(a: argparse.Namespace) -> int:
-    import asyncio
-
     from cli.main import err
     from store.cluster import ClusterInfo
 
@@ -264,8 +281,6 @@ def cmd_add_node(a: argparse.Namespace) -> int:
 
 
 def cmd_remove_node(a: argparse.Namespace) -> int:
-    import asyncio
-
     from cli.main import err
     from store.cluster import ClusterInfo
     from store.rebalance import prepare_rebalance
@@ -285,22 +300,18 @@ def cmd_remove_node(a: argparse.Namespace) -> int:
                 return report.failed
             if any(n.id == a.id for n in cmap.all_storage_nodes()):
                 await change_ring(c, "remove", argparse.Namespace(id=a.id))
-            failed = 0
-            for attempt in range(1, DRAIN_PASSES + 1):
-                # writers with a map older than MAP_TTL_S may still place fragments on the
-                # node: wait them out, and pass again until a pass finds nothing to move
-                await asyncio.sleep(MAP_TTL_S + 0.5)
+
+            async def drain_pass(n: int) -> Any:
                 w = await prepare_rebalance(c)
                 total = w.remaining
                 while await w.step():
-                    err.print(f"\rdraining {a.id} (pass {attempt}): {total - w.remaining}/"
+                    err.print(f"\rdraining {a.id} (pass {n}): {total - w.remaining}/"
                               f"{total} objects, {w.report.moved} fragments moved", end="")
                 err.print("")
-                failed = w.report.failed
-                if w.report.moved == 0 and not failed:
-                    await settle_storage(c)
-                    break
-            return failed
+                return w.report
+            reports: list[Any] = []
+            await passes_until_still(c, drain_pass, reports, retry_failed=True)
+            return int(reports[-1].failed)
         finally:
             await c.close()
     failed = asyncio.run(drain())

@@ -110,10 +110,9 @@ class FragmentStore:
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
             try:
-                if os.writev(fd, [head, body]) != size:   # short: only when the disk fills
-                    os.ftruncate(fd, 0)
-                    os.lseek(fd, 0, os.SEEK_SET)
-                    _write_all(fd, head + bytes(body))
+                written = os.writev(fd, [head, body])
+                if written < size:      # short only as the disk fills: the rest, or ENOSPC
+                    _write_all(fd, memoryview(head + bytes(body))[written:])
                 if self.fsync:
                     os.fsync(fd)
             finally:
@@ -255,7 +254,7 @@ class FragmentStore:
                 "disk_free_bytes": st.f_bavail * st.f_frsize}
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]

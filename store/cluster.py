@@ -19,14 +19,20 @@ def cluster_path(explicit: str | os.PathLike[str] | None = None) -> Path:
     return Path(env) if env else DEFAULT_CLUSTER_PATH
 
 
+def no_cluster_file(explicit: str | os.PathLike[str] | None = None) -> bool:
+    """Neither --cluster nor $ECSTORE_CLUSTER given and no ./.ecstore/cluster.json: the
+    cluster is the one $ECSTORE_CONTROL names, if any (as inside the containers)."""
+    return not explicit and "ECSTORE_CLUSTER" not in os.environ \
+        and not cluster_path(explicit).exists()
+
+
 def state_path(explicit: str | os.PathLike[str] | None, name: str) -> Path:
     """Where a resumable command (repair, rebalance) keeps its position: beside the cluster
-    file when there is one, else (a cluster found from $ECSTORE_CONTROL, as inside the
-    containers, whose working directory is not writable) under ~/.ecstore."""
-    p = cluster_path(explicit)
-    if explicit or "ECSTORE_CLUSTER" in os.environ or p.exists():
-        return p.parent / name
-    return Path.home() / ".ecstore" / name
+    file, or under ~/.ecstore when there is none (the containers' working directory is not
+    writable)."""
+    if no_cluster_file(explicit):
+        return Path.home() / ".ecstore" / name
+    return cluster_path(explicit).parent / name
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,7 @@ class ClusterInfo:
         control URLs) and $ECSTORE_SECRET, as set inside the docker-compose containers."""
         p = cluster_path(path)
         env_control = os.environ.get("ECSTORE_CONTROL", "")
-        if not path and "ECSTORE_CLUSTER" not in os.environ and not p.exists() and env_control:
+        if env_control and no_cluster_file(path):
             urls = tuple(u.strip() for u in env_control.split(",") if u.strip())
             return ClusterInfo(urls, os.environ.get("ECSTORE_SECRET", ""))
         try:

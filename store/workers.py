@@ -115,10 +115,14 @@ class Checkpoint:
         on, it just cannot be resumed."""
         if self.path is None:
             return
+        tmp = self.path.with_suffix(".tmp")
+        text = json.dumps({"bucket": bucket, "key": key})
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"bucket": bucket, "key": key}))
+            try:
+                tmp.write_text(text)
+            except FileNotFoundError:   # the directory: made once, not before every save
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                tmp.write_text(text)
             tmp.replace(self.path)
         except OSError as exc:
             log.warning("cannot save progress to %s (%s): this run goes on but cannot be "
