@@ -131,7 +131,10 @@ class _Conn(asyncio.BufferedProtocol):
     def abort(self) -> None:
         self.closed = True
         if self.transport is not None:
-            self.transport.abort()
+            try:
+                self.transport.abort()
+            except RuntimeError:   # its loop is closed: a request finalised by the GC
+                pass
 
     def _parse_head(self, head: bytes) -> int:
         lines = head.decode("latin-1").split("\r\n")

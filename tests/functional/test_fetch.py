@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -171,6 +172,25 @@ def test_cancelled_request_drops_its_connection() -> None:
         assert len(connections) == 2
         f.close()
     run(handler, fn)
+
+
+def test_request_left_when_its_loop_closed_finalises_quietly() -> None:
+    """A request still waiting when its event loop is closed (a metadata write's third
+    replica at the end of a test or script) is finalised later by the garbage collector:
+    dropping its connection must not raise "Event loop is closed"."""
+    listener = socket.create_server(("127.0.0.1", 0))    # accepts (backlog), never answers
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    loop = asyncio.new_event_loop()
+    f = NodeClient("secret")
+    coro = f.get(url, "/v1/fragments/x", 30.0)
+    task = loop.create_task(coro)
+    loop.run_until_complete(asyncio.sleep(0.2))
+    assert not task.done()
+    loop.close()
+    try:
+        coro.close()        # what the GC does: GeneratorExit at the await
+    finally:
+        listener.close()
 
 
 async def read_body(r: asyncio.StreamReader, head: bytes) -> bytes:
