@@ -21,8 +21,9 @@ import fcntl
 import os
 import struct
 import threading
-import zlib
 from pathlib import Path
+
+from store.crc import crc32
 
 MAGIC = b"ECC1"
 HEADER = struct.Struct(">4sIQ")    # magic, crc32, length
@@ -70,7 +71,7 @@ class SegmentCache:
         if len(raw) >= HEADER.size:
             magic, crc, length = HEADER.unpack_from(raw)
             body = memoryview(raw)[HEADER.size:]
-            if magic == MAGIC and length == len(body) and zlib.crc32(body) == crc:
+            if magic == MAGIC and length == len(body) and crc32(body) == crc:
                 try:
                     os.utime(path)  # recently used
                 except FileNotFoundError:
@@ -89,7 +90,7 @@ class SegmentCache:
         tmp = self.tmp / f"{key}.{os.getpid()}.{threading.get_ident()}"
         try:
             with open(tmp, "wb") as f:
-                f.write(HEADER.pack(MAGIC, zlib.crc32(data), len(data)))
+                f.write(HEADER.pack(MAGIC, crc32(data), len(data)))
                 f.write(data)
             os.replace(tmp, path)
         except OSError as exc:
@@ -140,7 +141,7 @@ class SegmentCache:
 
     def try_lock(self, key: str) -> int | None:
         """An fd holding the key's fetch lock, or None if another process holds it."""
-        n = zlib.crc32(key.encode()) % LOCK_FILES
+        n = crc32(key.encode()) % LOCK_FILES
         fd = os.open(self.locks / f"{n:02x}", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -17,7 +17,6 @@ import os
 import secrets
 import threading
 import time
-import zlib
 from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from store import codec
 from store.auth import CHECKSUM_HEADER
 from store.cache import SegmentCache
 from store.cluster import ClusterInfo
+from store.crc import crc32
 from store.errors import BadRequest, Conflict, Corrupt, EcstoreError, NotFound, Unavailable, Unreachable
 from store.listing import ListResult, merge_listing
 from store.metadata import MetaQuorum, effective_quorums, first_answers
@@ -532,7 +532,7 @@ class Client:
     async def put_fragment(self, node: Node, fid: str, body: bytes | bytearray | memoryview,
                             meta: dict[str, Any]) -> None:
         checksum = hashlib.sha256(body).hexdigest()
-        meta = {**meta, "crc32": zlib.crc32(body)}   # what readers check (FRAGMENT_CRC_HEADER)
+        meta = {**meta, "crc32": crc32(body)}   # what readers check (FRAGMENT_CRC_HEADER)
         await self.t.request("PUT", node.address, f"/v1/fragments/{fid}", body=body,
                              checksum=checksum, timeout_s=FRAGMENT_TIMEOUT_S,
                              headers={FRAGMENT_META_HEADER: pack_header(meta)})
@@ -1003,7 +1003,7 @@ def fragment_intact(body: bytes | bytearray, headers: Mapping[str, str]) -> bool
     crc = headers.get(FRAGMENT_CRC_HEADER)
     if crc is not None and len(crc) == 8:
         try:
-            if zlib.crc32(body) == int(crc, 16):
+            if crc32(body) == int(crc, 16):
                 return True
         except ValueError:
             pass

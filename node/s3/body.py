@@ -26,7 +26,6 @@ import hashlib
 import hmac
 import os
 import re
-import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +45,7 @@ from node.s3.sigv4 import (
     chunk_signature,
     trailer_signature,
 )
+from store.crc import crc32
 
 THREAD_HASH_MIN_BYTES = 256 * 1024   # bodies at least this large are hashed beside the loop
 THREAD_HASH_AHEAD_BYTES = 8 << 20    # at most this much read but not hashed yet, per body
@@ -101,7 +101,7 @@ try:  # awscrt (botocore[crt]) when installed; else the tables above: correct, ~
     crc64nvme: Callable[[bytes, int], int] = _crt_checksums.crc64nvme
 except ImportError:
     crc32c, crc64nvme = crc32c_py, crc64nvme_py
-_CRCS: dict[str, Callable[[bytes, int], int]] = {"crc32": zlib.crc32, "crc32c": crc32c, "crc64nvme": crc64nvme}
+_CRCS: dict[str, Callable[[bytes, int], int]] = {"crc32": crc32, "crc32c": crc32c, "crc64nvme": crc64nvme}
 
 
 class RunningChecksum:
@@ -262,8 +262,8 @@ _hasher: tuple[int, ThreadPoolExecutor] | None = None
 
 def _hash_thread() -> ThreadPoolExecutor:
     """One thread per process that hashes large bodies (MD5, SHA-256, checksum) while the
-    event loop goes on reading and encoding: hashlib and zlib let go of the GIL. One
-    thread, so a body's pieces are hashed in the order they came."""
+    event loop goes on reading and encoding: hashlib lets go of the GIL (a CRC-32 is
+    quick either way). One thread, so a body's pieces are hashed in the order they came."""
     global _hasher
     if _hasher is None or _hasher[0] != os.getpid():   # a forked gateway worker makes its own
         _hasher = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="s3-body-hash"))
