@@ -196,6 +196,10 @@ def render(report: dict[str, Any], width: int = 170) -> str:
     con.print(usage_table(report["usage"]))
     for name, d in meta.get("durability", {}).items():
         con.print(f"durability, {name}: " + "; ".join(f"{k}: {v}" for k, v in d.items()))
+    if "file_create_us_start" in meta:
+        con.print(f"CPU to create one file on the data disk: {meta['file_create_us_start']} us "
+                  f"at the start, {meta.get('file_create_us_end', '-')} at the end (a settled "
+                  "disk: ~15; see bench.compare.file_create_us)")
     if "client_allocator" in meta:
         con.print(f"this process's malloc (the library's and boto3's buffers): "
                   f"{meta['client_allocator']}")
@@ -374,6 +378,36 @@ def ecstore_procs(cluster: Any) -> dict[str, tuple[str, int]]:
     return {n.id: (n.role, n.pid) for n in cluster.nodes.values() if n.pid and pid_alive(n.pid)}
 
 
+FILE_CREATE_WARN_US = 100.0   # above this, new files cost far more than on a settled disk
+
+
+def file_create_us(parent: Path, count: int = 64) -> float:
+    """CPU microseconds this process spends creating one empty file in a new directory
+    under `parent` (then removed). ext4 without a journal (this machine's root) skips
+    every inode freed in the last 1-6 minutes when it allocates one, so after a test run
+    or a benchmark has deleted many files on the same filesystem each new file costs
+    0.1-3 ms instead of ~15 us: ecstore creates one file per fragment, SeaweedFS appends
+    to volume files. Measured at the start and the end of a run so a table can be read."""
+    d = Path(tempfile.mkdtemp(prefix="create-probe-", dir=parent))
+    try:
+        t0 = time.process_time()
+        for i in range(count):
+            os.close(os.open(d / str(i), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        return (time.process_time() - t0) / count * 1e6
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def note_file_create(r: Run, parent: Path, when: str) -> None:
+    us = file_create_us(parent)
+    r.meta[f"file_create_us_{when}"] = round(us, 1)
+    if us > FILE_CREATE_WARN_US:
+        r.log(f"note: creating a file costs {us:.0f} us of CPU here ({when}), not ~15: files "
+              "deleted on this filesystem in the last minutes (ext4 without a journal skips "
+              "their inodes); ecstore's put figures will be low. Wait ~6 minutes after "
+              "deleting many files")
+
+
 @contextmanager
 def temp_dir(prefix: str) -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix=prefix))
@@ -399,6 +433,7 @@ def run_all(r: Run) -> None:
             cluster = LocalCluster.create(tmp, storage=STORAGE_NODES, control=CONTROL_NODES,
                                           k=K, m=M, fsync=True, gateway=True)
             stack.callback(stopping, r, "ecstore cluster", cluster.stop)
+            note_file_create(r, tmp, "start")
             r.log(f"starting ecstore cluster in {tmp}")
             t0 = time.perf_counter()
             cluster.start()
@@ -421,6 +456,7 @@ def run_all(r: Run) -> None:
         watch = ProcWatch(procs)
         r.interleaved(targets, watch)
         if cluster is not None:
+            note_file_create(r, cluster.dir, "end")
             r.log(f"killing {'+'.join(KILLED)} (SIGKILL)")
             for nid in KILLED:
                 cluster.kill_node(nid)

@@ -203,3 +203,22 @@ def test_weed_command_binds_loopback_only_and_turns_off_telemetry(tmp_path: Path
     assert "-s3.port.iceberg=0" in cmd and "-s3.port.lance=0" in cmd
     assert f"-dir={tmp_path / 'data'}" in cmd and "-s3.port=40006" in cmd
     assert s.url == "http://127.0.0.1:40006"
+
+
+def test_file_create_probe_measures_and_leaves_nothing(tmp_path: Path) -> None:
+    us = compare.file_create_us(tmp_path, count=16)
+    assert 0 <= us < 1e6
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_slow_disk_is_noted_in_the_log_and_the_meta(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    lines: list[str] = []
+    r = compare.Run(wl.PROFILES["quick"], ["lib"], lines.append)
+    monkeypatch.setattr(compare, "file_create_us", lambda parent: 900.0)
+    compare.note_file_create(r, tmp_path, "start")
+    assert r.meta["file_create_us_start"] == 900.0
+    assert any("900 us" in line for line in lines)
+    monkeypatch.setattr(compare, "file_create_us", lambda parent: 12.0)
+    compare.note_file_create(r, tmp_path, "end")
+    assert r.meta["file_create_us_end"] == 12.0 and len(lines) == 1
