@@ -90,7 +90,8 @@ class FragmentStore:
                 size += f.stat().st_size
         return count, size
 
-    def put(self, fid: str, body: bytes, checksum: str, meta: dict[str, Any]) -> bool:
+    def put(self, fid: str, body: bytes | bytearray, checksum: str,
+            meta: dict[str, Any]) -> bool:
         """Store a fragment whose body must hash to `checksum`; True if it replaced one.
 
         Plain os calls on str paths (no pathlib, no buffered file object, no uuid): a

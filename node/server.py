@@ -45,6 +45,7 @@ from store.transport import REQUEST_ID_HEADER, REQUEST_ID_RE, new_request_id, re
 log = logging.getLogger("ecstore.node")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SECRET_KEY = web.AppKey("secret", str)
+MAX_BODY = web.AppKey("max_body_bytes", int)
 OBSERVER = web.AppKey("observer", Observer)
 # /metrics checks its own access (metrics_refusal): a bearer token or public mode too
 UNAUTHENTICATED_PATHS = frozenset({"/v1/health", METRICS_PATH})
@@ -218,6 +219,7 @@ def make_base_app(secret: str, max_body_bytes: int, node_id: str = "-", role: st
                           client_max_size=max_body_bytes,
                           handler_args={"auto_decompress": False})
     app[SECRET_KEY] = secret
+    app[MAX_BODY] = max_body_bytes
     install_observer(app, Observer(node_id, role, secret, observability))
     app.router.add_get(METRICS_PATH, metrics, allow_head=False)
     return app
@@ -498,6 +500,31 @@ class _Refusal(asyncio.Protocol):
         self.cap.refusing -= 1
         if self.timer is not None:
             self.timer.cancel()
+
+
+async def read_body(request: web.Request) -> bytes | bytearray:
+    """The request body, copied once from the socket's chunks into a buffer of its
+    Content-Length. aiohttp's request.read() gathers the chunks in a bytearray and then
+    copies that into bytes: two copies of every fragment a storage node stores. A body
+    without a Content-Length, or one over the app's limit (refused with aiohttp's 413),
+    is left to request.read()."""
+    size = request.content_length
+    if not size or size > request.app[MAX_BODY]:
+        return await request.read()
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    while True:
+        chunk = await request.content.readany()
+        if not chunk:
+            break
+        if got + len(chunk) > size:   # aiohttp's parser stops at Content-Length
+            raise BadRequest("body longer than its Content-Length")
+        view[got:got + len(chunk)] = chunk
+        got += len(chunk)
+    if got < size:
+        raise BadRequest(f"body cut short: {got} of {size} bytes")
+    return buf
 
 
 async def verified_body(request: web.Request) -> bytes:

@@ -27,7 +27,15 @@ from node.scrub import (
     scrub_loop,
     scrub_now,
 )
-from node.server import OBSERVER, make_base_app, node_arg_parser, query_int, run, secret_from_env
+from node.server import (
+    OBSERVER,
+    make_base_app,
+    node_arg_parser,
+    query_int,
+    read_body,
+    run,
+    secret_from_env,
+)
 from store.auth import CHECKSUM_HEADER
 from store.wire import FRAGMENT_CRC_HEADER as CRC_HEADER
 from store.wire import FRAGMENT_META_HEADER as META_HEADER
@@ -66,7 +74,7 @@ async def _in_thread(fn: Any, *args: Any) -> Any:
 async def put_fragment(request: web.Request) -> web.Response:
     checksum = request.headers.get(CHECKSUM_HEADER, "")
     meta = unpack_header(request.headers.get(META_HEADER))
-    body = await request.read()
+    body = await read_body(request)
     replaced = await _in_thread(request.app[STORE].put, request.match_info["fid"],
                                 body, checksum, meta)
     return web.Response(status=200 if replaced else 201)

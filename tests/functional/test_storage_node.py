@@ -1,7 +1,9 @@
 """One storage node in-process on port 0: fragment ops, checksums, bad input."""
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import os
 from pathlib import Path
 
 import aiohttp
@@ -40,6 +42,53 @@ def test_truncated_upload_is_refused_and_stores_nothing(tmp_path: Path) -> None:
         with pytest.raises(NotFound):
             await t.request("HEAD", url, "/v1/fragments/v2.0.0")
         assert not list((tmp_path / "tmp").iterdir())
+    run(tmp_path, body)
+
+
+async def _raw_put(url: str, fid: str, declared: bytes, pieces: list[bytes],
+                   close: bool) -> bytes:
+    """A signed PUT whose Content-Length and checksum are those of `declared`, its body
+    written in `pieces`; the socket is closed after them when `close`, else the reply is
+    read whole."""
+    host, port = url.removeprefix("http://").split(":")
+    path = f"/v1/fragments/{fid}"
+    headers = sign_headers(SECRET, "PUT", path, hashlib.sha256(declared).hexdigest())
+    head = (f"PUT {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len(declared)}\r\n"
+            + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode()
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(head)
+    for piece in pieces:
+        writer.write(piece)
+        await writer.drain()
+        await asyncio.sleep(0.002)    # each piece its own read on the node
+    if close:
+        writer.close()
+        await writer.wait_closed()
+        return b""
+    reply = await reader.readuntil(b"\r\n\r\n")
+    writer.close()
+    return reply
+
+
+def test_a_body_in_many_pieces_is_stored_whole_and_one_cut_short_not_at_all(
+        tmp_path: Path) -> None:
+    """The storage node reads a fragment body into one buffer of its Content-Length
+    (node.server.read_body): pieces land where they belong, and a client that hangs up
+    half-way leaves no fragment and no temporary file."""
+    data = os.urandom(300_000)
+
+    async def body(t: Transport, url: str) -> None:
+        pieces = [data[i:i + 7_001] for i in range(0, len(data), 7_001)]
+        reply = await _raw_put(url, "v9.0.0", data, pieces, close=False)
+        assert reply.startswith(b"HTTP/1.1 201"), reply
+        r = await t.request("GET", url, "/v1/fragments/v9.0.0")
+        assert bytes(r.body) == data
+        await _raw_put(url, "v9.0.1", data, [data[:100_000]], close=True)
+        await asyncio.sleep(0.2)
+        with pytest.raises(NotFound):
+            await t.request("HEAD", url, "/v1/fragments/v9.0.1")
+        assert not list((tmp_path / "tmp").iterdir())
+        await t.request("PUT", url, "/v1/fragments/v9.0.2", body=b"still serving")
     run(tmp_path, body)
 
 
