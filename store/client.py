@@ -1063,6 +1063,10 @@ async def _take(it: AsyncIterator[bytes], n: int) -> AsyncIterator[bytes]:
 
 async def _segments(source: Source, size: int) -> AsyncIterator[bytes]:
     """Cut any source into segments of exactly `size` bytes (the last may be short)."""
+    if type(source) is bytes and len(source) <= size:
+        if source:
+            yield source   # immutable and one segment: no copy (a 1 MiB put copied it)
+        return
     if isinstance(source, (bytes, bytearray, memoryview)):
         view = memoryview(source)
         for off in range(0, len(view), size):

@@ -1,10 +1,14 @@
-"""Segment and range arithmetic against byte-by-byte reference."""
+"""Segment and range arithmetic against byte-by-byte reference; cutting a put's source
+into segments."""
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from store.client import _segments
 from store.errors import RangeNotSatisfiable
 from store.striping import resolve_range, slices_for_range
 
@@ -40,3 +44,27 @@ def test_read_plan_prefers_data_then_replaces_each_failure_at_once() -> None:
     assert plan_fetches(4, 6, {0, 2, 3}, {1, 4}, set()) == [5]
     assert plan_fetches(4, 6, {0, 2, 3}, {1, 4, 5}, set()) == []      # nothing left: fail
     assert plan_fetches(4, 6, {0, 1, 2, 3}, set(), set()) == []       # done
+
+
+@pytest.mark.parametrize("source, size, expect", [
+    (b"", 4, []), (b"abc", 4, [b"abc"]), (b"abcd", 4, [b"abcd"]),
+    (b"abcdefghij", 4, [b"abcd", b"efgh", b"ij"]), (bytearray(b"abcde"), 4, [b"abcd", b"e"]),
+    (memoryview(b"abcde"), 4, [b"abcd", b"e"]),
+])
+def test_a_put_source_is_cut_into_segments(source: bytes | bytearray | memoryview, size: int,
+                                           expect: list[bytes]) -> None:
+    async def cut() -> list[bytes]:
+        return [s async for s in _segments(source, size)]
+    out = asyncio.run(cut())
+    assert out == expect and all(type(s) is bytes for s in out)
+
+
+def test_one_segment_of_bytes_is_not_copied() -> None:
+    """A put of a bytes object that fits one segment encodes the object itself (a 1 MiB
+    put copied it); a bytearray may change under the caller's hands, so it is copied."""
+    body, mutable = b"x" * 1000, bytearray(b"x" * 1000)
+
+    async def first(source: bytes | bytearray) -> bytes:
+        return [s async for s in _segments(source, 4096)][0]
+    assert asyncio.run(first(body)) is body
+    assert asyncio.run(first(mutable)) is not mutable
