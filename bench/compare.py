@@ -399,7 +399,11 @@ def file_create_us(parent: Path, count: int = 64) -> float:
 
 
 def note_file_create(r: Run, parent: Path, when: str) -> None:
-    us = file_create_us(parent)
+    try:
+        us = file_create_us(parent)
+    except OSError as exc:   # a full disk, say: the run goes on without the probe
+        r.log(f"note: could not measure file creation ({when}): {exc}")
+        return
     r.meta[f"file_create_us_{when}"] = round(us, 1)
     if us > FILE_CREATE_WARN_US:
         r.log(f"note: creating a file costs {us:.0f} us of CPU here ({when}), not ~15: files "

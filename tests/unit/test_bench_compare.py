@@ -222,3 +222,16 @@ def test_a_slow_disk_is_noted_in_the_log_and_the_meta(tmp_path: Path,
     monkeypatch.setattr(compare, "file_create_us", lambda parent: 12.0)
     compare.note_file_create(r, tmp_path, "end")
     assert r.meta["file_create_us_end"] == 12.0 and len(lines) == 1
+
+
+def test_a_probe_that_cannot_write_does_not_stop_the_run(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    lines: list[str] = []
+    r = compare.Run(wl.PROFILES["quick"], ["lib"], lines.append)
+
+    def full(parent: Path) -> float:
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(compare, "file_create_us", full)
+    compare.note_file_create(r, tmp_path, "end")
+    assert "file_create_us_end" not in r.meta
+    assert any("No space left" in line for line in lines)
