@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 from typing import Any
 
 M_TRIM_THRESHOLD = -1           # glibc mallopt parameters
@@ -21,8 +22,10 @@ MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
 TRIM_THRESHOLD_BYTES = 16 * 1024 * 1024
 
 
+@functools.cache
 def glibc() -> Any:
-    """This process's C library if it is glibc (mallopt and malloc_trim), else None."""
+    """This process's C library if it is glibc (mallopt and malloc_trim), else None
+    (loaded once: node.server.Allocator and tune_allocator both ask)."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         libc.mallopt, libc.malloc_trim  # noqa: B018 - glibc only

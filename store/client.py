@@ -1063,12 +1063,10 @@ async def _take(it: AsyncIterator[bytes], n: int) -> AsyncIterator[bytes]:
 
 async def _segments(source: Source, size: int) -> AsyncIterator[bytes]:
     """Cut any source into segments of exactly `size` bytes (the last may be short)."""
-    if type(source) is bytes and len(source) <= size:
-        if source:
-            yield source   # immutable and one segment: no copy (a 1 MiB put copied it)
-        return
     if isinstance(source, (bytes, bytearray, memoryview)):
-        view = memoryview(source)
+        # bytes are sliced as they are: an object that fits one segment is its own slice
+        # (no copy); a bytearray or memoryview is copied, the caller may change it
+        view = source if type(source) is bytes else memoryview(source)
         for off in range(0, len(view), size):
             yield bytes(view[off:off + size])
         return
