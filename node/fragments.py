@@ -1,7 +1,9 @@
 """Fragment files on one storage node's disk.
 
 A fragment file is: b"ECF1", a 4-byte big-endian header length, a msgpack header
-({"checksum": sha256 hex of the body, "size": body bytes, "meta": {...}}), the body.
+({"checksum": the body's digest, "size": body bytes, "meta": {...}}), the body. The digest
+is store.digest's: "b3:" + BLAKE3 hex, or the plain SHA-256 hex of fragments written
+before BLAKE3 (still checked).
 Files are written to tmp/, fsynced, then renamed into place, so a crash never leaves a
 half fragment under its real name. Paths are derived from validated fragment ids only.
 
@@ -13,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import itertools
 import os
 import re
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from placement.hashing import hash64
+from store.digest import matches as digest_matches
 from store.errors import BadRequest, Corrupt, InsufficientStorage, NotFound
 from store.wire import pack, unpack
 
@@ -96,7 +98,7 @@ class FragmentStore:
 
         Plain os calls on str paths (no pathlib, no buffered file object, no uuid): a
         1 KiB put was ~17 system calls, now ~12."""
-        if hashlib.sha256(body).hexdigest() != checksum:
+        if not digest_matches(body, checksum):
             raise BadRequest("body does not match its checksum (truncated or damaged upload)")
         header = pack({"checksum": checksum, "size": len(body), "meta": meta})
         head = MAGIC + struct.pack(">I", len(header)) + header
@@ -281,6 +283,6 @@ def parse_fragment(fid: str, raw: bytes | bytearray, verify: bool = True) -> Fra
     except (BadRequest, KeyError, TypeError):
         raise Corrupt(f"fragment {fid} has a damaged header") from None
     body = memoryview(raw)[8 + hlen:]  # no copy of the body: hashed and sent as is
-    if len(body) != size or (verify and hashlib.sha256(body).hexdigest() != checksum):
+    if len(body) != size or (verify and not digest_matches(body, checksum)):
         raise Corrupt(f"fragment {fid} failed its checksum")
     return Fragment(fid, checksum, meta, body)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
 import hmac
 import json
 import logging
@@ -39,6 +38,8 @@ from node.metrics import (
 )
 from store.alloc import MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES, glibc, tune_allocator
 from store.auth import CHECKSUM_HEADER, DATE_HEADER, SIGNATURE_HEADER, verify
+from store.digest import matches as digest_matches
+from store.digest import well_formed as digest_well_formed
 from store.errors import BadRequest, EcstoreError, Unauthorized, Unavailable
 from store.transport import REQUEST_ID_HEADER, REQUEST_ID_RE, new_request_id, request_id
 
@@ -195,7 +196,7 @@ def malformed_signature(request: web.Request) -> str | None:
     sig, ts, checksum = h.get(SIGNATURE_HEADER), h.get(DATE_HEADER), h.get(CHECKSUM_HEADER)
     if not sig or not ts or not checksum:
         return "unsigned request"
-    if not _HEX64.fullmatch(sig) or not _HEX64.fullmatch(checksum):
+    if not _HEX64.fullmatch(sig) or not digest_well_formed(checksum):
         return "malformed signature or checksum header"
     try:
         finite = math.isfinite(float(ts))
@@ -530,7 +531,7 @@ async def read_body(request: web.Request) -> bytes | bytearray:
 async def verified_body(request: web.Request) -> bytes:
     """The request body, checked against the signed checksum header."""
     body = await request.read()
-    if hashlib.sha256(body).hexdigest() != request.headers.get(CHECKSUM_HEADER):
+    if not digest_matches(body, request.headers.get(CHECKSUM_HEADER)):
         raise BadRequest("body does not match its signed checksum")
     return body
 

@@ -1,8 +1,9 @@
 """Request signing between components with the cluster secret.
 
-signature = HMAC-SHA256(secret, method \\n path?query \\n timestamp \\n body_sha256_hex).
-The body checksum is the same SHA-256 the storage node verifies for a fragment anyway,
-so no byte is hashed twice.
+signature = HMAC-SHA256(secret, method \\n path?query \\n timestamp \\n body digest).
+The body digest (store.digest: "b3:" + BLAKE3 hex; a bodiless request carries the
+SHA-256 of nothing, as before) is the same one the storage node verifies for a fragment
+and stores beside it, so no byte is hashed twice.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def signature(secret: str, method: str, path_qs: str, timestamp: str, checksum: 
 
 def sign_headers(secret: str, method: str, path_qs: str, checksum: str = EMPTY_SHA256,
                  now_s: float | None = None) -> dict[str, str]:
-    """Headers that authenticate one request; `checksum` is the body's SHA-256 hex."""
+    """Headers that authenticate one request; `checksum` is the body's digest (store.digest)."""
     ts = f"{(time.time() if now_s is None else now_s):.3f}"
     return {
         DATE_HEADER: ts,

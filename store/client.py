@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
-import hashlib
 import json
 import os
 import secrets
@@ -30,6 +29,8 @@ from store.auth import CHECKSUM_HEADER
 from store.cache import SegmentCache
 from store.cluster import ClusterInfo
 from store.crc import crc32
+from store.digest import digest
+from store.digest import matches as digest_matches
 from store.errors import BadRequest, Conflict, Corrupt, EcstoreError, NotFound, Unavailable, Unreachable
 from store.listing import ListResult, merge_listing
 from store.metadata import MetaQuorum, effective_quorums, first_answers
@@ -531,7 +532,7 @@ class Client:
     @operation
     async def put_fragment(self, node: Node, fid: str, body: bytes | bytearray | memoryview,
                             meta: dict[str, Any]) -> None:
-        checksum = hashlib.sha256(body).hexdigest()
+        checksum = digest(body)
         meta = {**meta, "crc32": crc32(body)}   # what readers check (FRAGMENT_CRC_HEADER)
         await self.t.request("PUT", node.address, f"/v1/fragments/{fid}", body=body,
                              checksum=checksum, timeout_s=FRAGMENT_TIMEOUT_S,
@@ -999,7 +1000,7 @@ class _CountedQuorum(MetaQuorum):
 
 def fragment_intact(body: bytes | bytearray, headers: Mapping[str, str]) -> bool:
     """The fragment body matches what its node stored: its CRC-32 when the node sent one
-    (fast), else - or when the CRC does not match - its SHA-256."""
+    (fast), else - or when the CRC does not match - its digest (store.digest)."""
     crc = headers.get(FRAGMENT_CRC_HEADER)
     if crc is not None and len(crc) == 8:
         try:
@@ -1007,7 +1008,7 @@ def fragment_intact(body: bytes | bytearray, headers: Mapping[str, str]) -> bool
                 return True
         except ValueError:
             pass
-    return hashlib.sha256(body).hexdigest() == headers.get(CHECKSUM_HEADER)
+    return digest_matches(body, headers.get(CHECKSUM_HEADER))
 
 
 async def _in_thread(fn: Callable[..., T], *args: Any) -> T:

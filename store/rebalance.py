@@ -9,7 +9,6 @@ previous epoch put it (store.client), so reads keep working during the move.
 """
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from placement.cluster_map import ClusterMap
 from placement.nodes import Node
 from store.auth import CHECKSUM_HEADER
 from store.client import Client, expected_fragment_nodes
+from store.digest import matches as digest_matches
 from store.errors import Corrupt, EcstoreError
 from store.striping import fragment_id, record_extents
 from store.wire import FRAGMENT_META_HEADER, unpack_header
@@ -118,8 +118,7 @@ class RebalanceWorker:
     async def _move(self, mv: Move) -> int:
         path = f"/v1/fragments/{mv.fid}"
         reply = await self.c.t.request("GET", mv.source.address, path, timeout_s=60)
-        checksum = hashlib.sha256(reply.body).hexdigest()
-        if checksum != reply.headers.get(CHECKSUM_HEADER):
+        if not digest_matches(reply.body, reply.headers.get(CHECKSUM_HEADER)):
             raise Corrupt(f"{mv.fid} from {mv.source.id} failed its checksum in transit")
         meta = unpack_header(reply.headers.get(FRAGMENT_META_HEADER))
         await self.c.put_fragment(mv.target, mv.fid, reply.body, meta)

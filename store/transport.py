@@ -4,7 +4,6 @@ across every node it touched (`grep ID logs/*.log`)."""
 from __future__ import annotations
 
 import functools
-import hashlib
 import random
 import re
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -14,6 +13,7 @@ from typing import Any, ParamSpec, TypeVar
 from urllib.parse import quote, urlencode
 
 from store.auth import EMPTY_SHA256
+from store.digest import digest
 from store.errors import EcstoreError, error_from_body
 from store.fetch import NodeClient
 
@@ -113,7 +113,7 @@ class Transport:
         """
         path_qs = path + ("?" + urlencode(query) if query else "")
         if checksum is None:
-            checksum = hashlib.sha256(body).hexdigest() if body else EMPTY_SHA256
+            checksum = digest(body) if body else EMPTY_SHA256
         rid = request_id.get()
         extra = dict(headers) if headers else {}
         if rid is not None:

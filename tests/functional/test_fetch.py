@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from store.digest import digest
 from store.errors import BadRequest, NotFound, Unauthorized, Unreachable
 from store.fetch import MAX_IN_FLIGHT_PER_NODE, NodeClient
 from store.transport import Transport
@@ -306,11 +307,11 @@ def test_transport_against_a_real_storage_node(tmp_path: Path) -> None:
             assert (await t.request("PUT", url, path, body=body, headers=meta)).status == 200
             got = await t.get_into(url, path, 5.0)
             assert bytes(got.body) == body
-            assert got.headers["x-ecstore-checksum"] == hashlib.sha256(body).hexdigest()
+            assert got.headers["x-ecstore-checksum"] == digest(body)
             assert (await t.request("HEAD", url, path)).headers["x-ecstore-size"] == str(len(body))
             with pytest.raises(BadRequest):
                 await t.request("PUT", url, path, body=body[:-1], headers=meta,
-                                checksum=hashlib.sha256(body).hexdigest())
+                                checksum=digest(body))
             with pytest.raises(Unauthorized):
                 await other.request("GET", url, path)
             assert (await t.request("DELETE", url, path)).status == 204

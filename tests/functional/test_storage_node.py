@@ -10,6 +10,8 @@ import aiohttp
 import pytest
 
 from store.auth import CHECKSUM_HEADER, sign_headers
+from store.digest import digest
+from store.digest import matches as digest_matches
 from store.errors import BadRequest, Corrupt, NotFound, Unauthorized
 from store.transport import Transport
 from tests.functional.harness import SECRET, run
@@ -21,7 +23,7 @@ def test_put_get_head_delete_list(tmp_path: Path) -> None:
         await t.request("PUT", url, "/v1/fragments/v1.0.1", body=b"world")
         r = await t.request("GET", url, "/v1/fragments/v1.0.0")
         assert r.body == b"hello"
-        assert r.headers["x-ecstore-checksum"] == hashlib.sha256(b"hello").hexdigest()
+        assert r.headers["x-ecstore-checksum"] == digest(b"hello")
         r = await t.request("GET", url, "/v1/fragments", query={"limit": 1})
         from store.wire import unpack
         page = unpack(r.body)
@@ -36,7 +38,7 @@ def test_put_get_head_delete_list(tmp_path: Path) -> None:
 
 def test_truncated_upload_is_refused_and_stores_nothing(tmp_path: Path) -> None:
     async def body(t: Transport, url: str) -> None:
-        good = hashlib.sha256(b"full body").hexdigest()
+        good = digest(b"full body")
         with pytest.raises(BadRequest):
             await t.request("PUT", url, "/v1/fragments/v2.0.0", body=b"full", checksum=good)
         with pytest.raises(NotFound):
@@ -101,7 +103,7 @@ def test_corrupt_fragment_is_reported_never_served(tmp_path: Path) -> None:
         path.write_bytes(bytes(raw))
         # served as stored, with the checksum it was stored with: the reader's check fails
         got = await t.request("GET", url, "/v1/fragments/v3.0.0")
-        assert hashlib.sha256(got.body).hexdigest() != got.headers[CHECKSUM_HEADER]
+        assert not digest_matches(got.body, got.headers[CHECKSUM_HEADER])
         with pytest.raises(Corrupt):  # the reader's report: verified and quarantined
             await t.request("POST", url, "/v1/fragments/v3.0.0/verify")
         with pytest.raises(NotFound):
@@ -172,3 +174,35 @@ def test_reads_from_the_page_cache_skip_the_thread_and_others_do_not(tmp_path: P
         assert bytes((await t.request("GET", url, "/v1/fragments/v7.0.0")).body) == body
     run(tmp_path, go)
     assert (tmp_path / "quarantine" / "v5.0.0").exists()
+
+
+def test_fragments_written_with_sha256_before_blake3_still_check(tmp_path: Path) -> None:
+    """A writer not yet upgraded signs with the plain SHA-256 hex: the node stores the
+    fragment with that digest, serves it, verifies it, and still catches damage to it."""
+    async def body(t: Transport, url: str) -> None:
+        data = os.urandom(50_000)
+        legacy = hashlib.sha256(data).hexdigest()
+        path = "/v1/fragments/v7.0.0"
+        await t.request("PUT", url, path, body=data, checksum=legacy)
+        got = await t.request("GET", url, path)
+        assert bytes(got.body) == data and got.headers[CHECKSUM_HEADER] == legacy
+        assert (await t.request("POST", url, f"{path}/verify")).status == 200
+        with pytest.raises(BadRequest):   # a truncated legacy upload is refused as before
+            await t.request("PUT", url, "/v1/fragments/v7.0.1", body=data[:-1], checksum=legacy)
+        [file] = (tmp_path / "fragments").glob("*/v7.0.0")
+        raw = bytearray(file.read_bytes())
+        raw[-10] ^= 0x40
+        file.write_bytes(bytes(raw))
+        with pytest.raises(Corrupt):
+            await t.request("POST", url, f"{path}/verify")
+    run(tmp_path, body)
+
+
+@pytest.mark.parametrize("checksum", ["b3:" + "g" * 64, "b3:" + "0" * 10, "md5:" + "0" * 64])
+def test_a_malformed_body_digest_is_refused_before_hashing(tmp_path: Path, checksum: str) -> None:
+    async def body(t: Transport, url: str) -> None:
+        with pytest.raises(Unauthorized, match="malformed signature or checksum"):
+            await t.request("PUT", url, "/v1/fragments/v8.0.0", body=b"abc", checksum=checksum)
+        with pytest.raises(NotFound):
+            await t.request("HEAD", url, "/v1/fragments/v8.0.0")
+    run(tmp_path, body)
