@@ -2,7 +2,7 @@
 library, (b) the ecstore S3 gateway through boto3 and (c) SeaweedFS through boto3.
 
     python -m bench.compare [--quick] [--json] [--only a,b,c] [--out PATH] [--gateway-workers N]
-                            [--default-malloc]
+                            [--default-malloc] [--verify-hash blake3|sha256]
 
 ecstore: a local cluster (3 control + 6 storage nodes + 1 gateway, 4+2 isa_l_rs_vand, fsync
 on) in a temporary directory, and SeaweedFS, `weed server -s3` (bench/seaweed.py), both up
@@ -12,7 +12,9 @@ workload (the figures of one row are measured close together), then two storage 
 (or, with --json, the JSON) on stdout and writes the JSON to --out (default
 bench/results/compare.json); progress goes to stderr. For every server process it records
 CPU seconds and peak RSS per workload (/proc, peaks reset before each workload), and the
-benchmark process's own. Exit status 1 when anything failed.
+benchmark process's own. Every get checks what it read against a hash of what was put
+(--verify-hash, default blake3; sha256 is what the tables before the sixth session used).
+Exit status 1 when anything failed.
 """
 from __future__ import annotations
 
@@ -203,6 +205,8 @@ def render(report: dict[str, Any], width: int = 170) -> str:
     if "client_allocator" in meta:
         con.print(f"this process's malloc (the library's and boto3's buffers): "
                   f"{meta['client_allocator']}")
+    if "verify_hash" in meta:
+        con.print(f"every get checked with: {meta['verify_hash']} (the same for every target)")
     for m in report["measures"]:
         if m["errors"]:
             con.print(f"[red]{m['target']} {m['workload']} {m['op']}[/red]: {m['errors']} "
@@ -538,6 +542,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="leave this process's allocator as glibc sets it (default: "
                     "store.tune_allocator(), as the README advises for a process that reads "
                     "large objects; it applies to boto3's reads for both S3 targets too)")
+    ap.add_argument("--verify-hash", choices=sorted(wl.VERIFY_HASHES), default="blake3",
+                    help="the hash every workload checks what it read with, for every target "
+                    "alike (default blake3; sha256 costs this process ~3.5x the CPU per byte)")
     return ap.parse_args(argv)
 
 
@@ -558,6 +565,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.perf_counter() - t_start:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
     interrupt_on_sigterm()
+    wl.verify_hash = args.verify_hash
     r = Run(wl.PROFILES["quick" if args.quick else "full"], args.only, log)
     if not args.default_malloc:
         from store import tune_allocator
@@ -565,6 +573,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         r.meta["client_allocator"] = "default"
     r.meta.update(base_meta())
+    r.meta["verify_hash"] = wl.verify_hash
     if r.meta["loadavg_start"][0] > 0.5:
         log(f"note: load average {r.meta['loadavg_start'][0]:.1f} before starting: other work "
             "shares the CPUs, figures will be noisy")

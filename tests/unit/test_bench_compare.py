@@ -6,8 +6,10 @@ import asyncio
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+from blake3 import blake3
 
 from bench import compare, seaweed
 from bench import workloads as wl
@@ -155,7 +157,7 @@ def test_stream_reader_gives_the_same_bytes_whatever_the_read_sizes() -> None:
         while chunk := r.read(step):
             parts.append(chunk)
         assert b"".join(parts) == whole
-        assert r.sent == size and r.sha.hexdigest() == hashlib.sha256(whole).hexdigest()
+        assert r.sent == size and r.sha.hexdigest() == blake3(whole).hexdigest()
 
 
 def test_data_is_deterministic_and_distinct() -> None:
@@ -165,7 +167,29 @@ def test_data_is_deterministic_and_distinct() -> None:
     blocks = list(a.stream_blocks(0, 2 * wl.BLOCK_BYTES))
     assert blocks[0] != blocks[1]
     a.prepare(1, 3, 4096)
-    assert a.sha(1, 2, 4096) == hashlib.sha256(a.payload(1, 2, 4096)).hexdigest()
+    assert a.sha(1, 2, 4096) == blake3(a.payload(1, 2, 4096)).hexdigest()
+
+
+@pytest.mark.parametrize("name,fn", [("blake3", blake3), ("sha256", hashlib.sha256)])
+def test_verify_hash_chooses_what_every_workload_checks_with(
+        monkeypatch: pytest.MonkeyPatch, name: str, fn: Any) -> None:
+    monkeypatch.setattr(wl, "verify_hash", name)
+    d = wl.Data(seed=4)
+    d.prepare(2, 2, 4096)
+    payload = d.payload(2, 1, 4096)
+    assert d.sha(2, 1, 4096) == fn(payload).hexdigest()
+    assert wl.check_bytes(payload, d.sha(2, 1, 4096)) == 4096
+    with pytest.raises(wl.Mismatch, match=name):
+        wl.check_bytes(payload[:-1] + b"?", d.sha(2, 1, 4096))
+    r = wl.StreamReader(d.stream_blocks(3, 5000))
+    assert r.read(-1) and r.sha.hexdigest() == fn(b"".join(d.stream_blocks(3, 5000))).hexdigest()
+
+
+def test_verify_hash_flag() -> None:
+    assert compare.parse_args([]).verify_hash == "blake3"
+    assert compare.parse_args(["--verify-hash", "sha256"]).verify_hash == "sha256"
+    with pytest.raises(SystemExit):
+        compare.parse_args(["--verify-hash", "md5"])
 
 
 def test_record_stream_refuses_a_target_that_sent_other_bytes() -> None:
