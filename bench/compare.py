@@ -2,7 +2,7 @@
 library, (b) the ecstore S3 gateway through boto3 and (c) SeaweedFS through boto3.
 
     python -m bench.compare [--quick] [--json] [--only a,b,c] [--out PATH] [--gateway-workers N]
-                            [--default-malloc] [--verify-hash blake3|sha256]
+                            [--default-malloc] [--verify-hash blake3|sha256] [--no-flush]
 
 ecstore: a local cluster (3 control + 6 storage nodes + 1 gateway, 4+2 isa_l_rs_vand, fsync
 on) in a temporary directory, and SeaweedFS, `weed server -s3` (bench/seaweed.py), both up
@@ -205,6 +205,14 @@ def render(report: dict[str, Any], width: int = 170) -> str:
     if "client_allocator" in meta:
         con.print(f"this process's malloc (the library's and boto3's buffers): "
                   f"{meta['client_allocator']}")
+    flushes = [(u["flushed_before"], u["target"], u["workload"]) for u in report["usage"]
+               if "flushed_before" in u]
+    if flushes:
+        most, target, workload = max(flushes, key=lambda f: f[0]["dirty_mib"])
+        con.print(f"page cache written out (sync) before each phase, not measured: at most "
+                  f"{most['dirty_mib']:.0f} MiB dirty ({most['s']:.1f} s), before {target} {workload}")
+    elif meta.get("flush_between_phases") is False:
+        con.print("page cache not written out between phases (--no-flush)")
     if "verify_hash" in meta:
         con.print(f"every get checked with: {meta['verify_hash']} (the same for every target)")
     for m in report["measures"]:
@@ -325,8 +333,10 @@ def parse_only(text: str) -> list[str]:
 class Run:
     """One comparison run: its settings, the measures and usage collected so far."""
 
-    def __init__(self, profile: wl.Profile, targets: list[str], log: Callable[[str], None]) -> None:
+    def __init__(self, profile: wl.Profile, targets: list[str], log: Callable[[str], None],
+                 flush: bool = True) -> None:
         self.p, self.targets, self.log = profile, targets, log
+        self.flush = flush
         self.data = wl.Data()
         self.measures: list[wl.Measure] = []
         self.usage: list[dict[str, Any]] = []
@@ -335,8 +345,13 @@ class Run:
 
     def phase(self, t: wl.Target, name: str, watch: ProcWatch,
               fn: Callable[[], list[wl.Measure]]) -> None:
-        """Run one workload between usage snapshots; a crash is recorded, not raised."""
+        """Run one workload between usage snapshots; a crash is recorded, not raised. First,
+        unless --no-flush, what earlier phases left in the page cache is written out."""
         self.log(f"{t.key}: {name}")
+        flushed = flush_page_cache() if self.flush else None
+        if flushed is not None and flushed["dirty_mib"] >= 64:
+            self.log(f"  wrote out {flushed['dirty_mib']:.0f} MiB that earlier phases left dirty "
+                     f"({flushed['s']:.1f} s, not measured)")
         watch.begin()
         try:
             ms = fn()
@@ -346,7 +361,8 @@ class Run:
             self.log(f"{t.key}: {name} failed: {type(exc).__name__}: {exc}")
         finally:
             used = watch.end()
-        self.usage.append({"target": t.key, "workload": name, **used})
+        self.usage.append({"target": t.key, "workload": name, **used,
+                           **({"flushed_before": flushed} if flushed is not None else {})})
         self.measures += ms
         for m in ms:
             shown = ", ".join(f"{k} {fmt(v)}" for k, v in m.metrics.items() if k != "mean_ms")
@@ -375,6 +391,29 @@ class Run:
         for name, fn in wl.suite(self.p):
             for t in ready:
                 self.phase(t, name, watch, lambda: fn(t, self.data))
+
+
+def dirty_mib() -> float:
+    """Dirty and under-writeback page cache, MiB (/proc/meminfo; 0 where there is none)."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+        return sum(int(fields[k].split()[0]) for k in ("Dirty", "Writeback")) / 1024
+    except (OSError, KeyError, ValueError):
+        return 0.0
+
+
+def flush_page_cache() -> dict[str, float]:
+    """sync(2): write out every dirty page, and say how much there was and how long it
+    took. SeaweedFS acknowledges writes from the page cache (no fsync), so its phases
+    leave up to a GiB dirty, which the kernel writes out 30 s later - during the next
+    phase, the ecstore library's (each workload runs lib, gw, weed in turn), whose fsyncs
+    then queue behind it and whose CPU it shares: a full run measured the library's storm
+    puts at 172 MB/s and gets at 805 that way, 281 and 1,109 with SeaweedFS not run. Each
+    phase now starts with nothing dirty; the write-out is timed outside every phase."""
+    before = dirty_mib()
+    t0 = time.perf_counter()
+    os.sync()
+    return {"dirty_mib": round(before, 1), "s": round(time.perf_counter() - t0, 3)}
 
 
 def ecstore_procs(cluster: Any) -> dict[str, tuple[str, int]]:
@@ -542,6 +581,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="leave this process's allocator as glibc sets it (default: "
                     "store.tune_allocator(), as the README advises for a process that reads "
                     "large objects; it applies to boto3's reads for both S3 targets too)")
+    ap.add_argument("--no-flush", action="store_true",
+                    help="do not write out the page cache (sync) before each phase, as runs "
+                    "before the sixth session did not (see flush_page_cache)")
     ap.add_argument("--verify-hash", choices=sorted(wl.VERIFY_HASHES), default="blake3",
                     help="the hash every workload checks what it read with, for every target "
                     "alike (default blake3; sha256 costs this process ~3.5x the CPU per byte)")
@@ -566,7 +608,8 @@ def main(argv: list[str] | None = None) -> int:
 
     interrupt_on_sigterm()
     wl.verify_hash = args.verify_hash
-    r = Run(wl.PROFILES["quick" if args.quick else "full"], args.only, log)
+    r = Run(wl.PROFILES["quick" if args.quick else "full"], args.only, log, flush=not args.no_flush)
+    r.meta["flush_between_phases"] = not args.no_flush
     if not args.default_malloc:
         from store import tune_allocator
         r.meta["client_allocator"] = "tuned" if tune_allocator() else "default (not glibc)"

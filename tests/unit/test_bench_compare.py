@@ -259,3 +259,45 @@ def test_a_probe_that_cannot_write_does_not_stop_the_run(tmp_path: Path,
     compare.note_file_create(r, tmp_path, "end")
     assert "file_create_us_end" not in r.meta
     assert any("No space left" in line for line in lines)
+
+
+class _Watch:
+    def begin(self) -> None:
+        pass
+
+    def end(self) -> dict[str, Any]:
+        return {"roles": {}, "processes": []}
+
+
+class _Target:
+    key = "lib"
+
+
+@pytest.mark.parametrize("flush", [True, False])
+def test_each_phase_starts_with_the_page_cache_written_out(tmp_path: Path, flush: bool) -> None:
+    """A phase's dirty pages are written out before the next phase (it is measured
+    without them); with --no-flush they are left, as before."""
+    r = compare.Run(QUICK, ["lib"], lambda _msg: None, flush=flush)
+    dirty = tmp_path / "dirty"
+
+    def write() -> list[wl.Measure]:
+        with open(dirty, "wb") as f:   # no fsync: 64 MiB left for the kernel to write out
+            for _ in range(64):
+                f.write(b"\1" * wl.MiB)
+        return []
+    r.phase(_Target(), "one", _Watch(), write)  # type: ignore[arg-type]
+    r.phase(_Target(), "two", _Watch(), list)   # type: ignore[arg-type]
+    second = r.usage[1]
+    if flush:
+        assert second["flushed_before"]["s"] >= 0
+        assert compare.dirty_mib() < 64      # written out before "two" ran
+        assert "page cache written out" in compare.render(
+            compare.build_report({"profile": {"name": "quick"}, "failures": []}, [], r.usage,
+                                 compare.row_specs(QUICK)))
+    else:
+        assert "flushed_before" not in second
+
+
+def test_no_flush_flag() -> None:
+    assert compare.parse_args([]).no_flush is False
+    assert compare.parse_args(["--no-flush"]).no_flush is True
