@@ -407,9 +407,11 @@ def flush_page_cache() -> dict[str, float]:
     took. SeaweedFS acknowledges writes from the page cache (no fsync), so its phases
     leave up to a GiB dirty, which the kernel writes out 30 s later - during the next
     phase, the ecstore library's (each workload runs lib, gw, weed in turn), whose fsyncs
-    then queue behind it and whose CPU it shares: a full run measured the library's storm
-    puts at 172 MB/s and gets at 805 that way, 281 and 1,109 with SeaweedFS not run. Each
-    phase now starts with nothing dirty; the write-out is timed outside every phase."""
+    then queue behind it and whose CPU it shares: two full runs measured the library's
+    storm puts at 156-172 MB/s and gets at 557-805 that way, a library-only run 281 and
+    1,109, two full runs with this flush 192-210 and 917-1,055. Each phase now starts
+    with nothing dirty; the write-out is timed outside every phase. sync(2) is the whole
+    machine's: run the benchmark on a machine that does nothing else."""
     before = dirty_mib()
     t0 = time.perf_counter()
     os.sync()
