@@ -23,8 +23,8 @@ _DIGEST = re.compile(r"(b3:)?[0-9a-f]{64}")
 
 
 def digest(data: bytes | bytearray | memoryview) -> str:
-    """The digest new fragments and requests carry."""
-    return PREFIX + blake3(data).hexdigest() if data else EMPTY
+    """The digest new fragments and requests carry (EMPTY for no bytes)."""
+    return PREFIX + blake3(data).hexdigest()
 
 
 def well_formed(value: str) -> bool:

@@ -27,3 +27,11 @@ def run(tmp_path: Path, body: Callable[[Transport, str], Awaitable[None]],
             await t.close()
             await server.close()
     asyncio.run(go())
+
+
+def flip_last_byte(data_dir: Path, fid: str) -> None:
+    """Damage a stored fragment on disk: its file's last byte flipped."""
+    [path] = (data_dir / "fragments").glob(f"*/{fid}")
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0xFF
+    path.write_bytes(bytes(raw))

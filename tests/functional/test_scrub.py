@@ -14,14 +14,7 @@ from store.auth import CHECKSUM_HEADER
 from store.errors import Corrupt, NotFound
 from store.transport import Transport
 from store.wire import unpack
-from tests.functional.harness import run
-
-
-def flip_last_byte(data_dir: Path, fid: str) -> None:
-    [path] = (data_dir / "fragments").glob(f"*/{fid}")
-    raw = bytearray(path.read_bytes())
-    raw[-1] ^= 0xFF
-    path.write_bytes(bytes(raw))
+from tests.functional.harness import flip_last_byte, run
 
 
 def filled_store(data_dir: Path, n: int) -> FragmentStore:

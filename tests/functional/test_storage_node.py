@@ -14,7 +14,7 @@ from store.digest import digest
 from store.digest import matches as digest_matches
 from store.errors import BadRequest, Corrupt, NotFound, Unauthorized
 from store.transport import Transport
-from tests.functional.harness import SECRET, run
+from tests.functional.harness import SECRET, flip_last_byte, run
 
 
 def test_put_get_head_delete_list(tmp_path: Path) -> None:
@@ -97,10 +97,7 @@ def test_a_body_in_many_pieces_is_stored_whole_and_one_cut_short_not_at_all(
 def test_corrupt_fragment_is_reported_never_served(tmp_path: Path) -> None:
     async def body(t: Transport, url: str) -> None:
         await t.request("PUT", url, "/v1/fragments/v3.0.0", body=b"x" * 1000)
-        [path] = (tmp_path / "fragments").glob("*/v3.0.0")
-        raw = bytearray(path.read_bytes())
-        raw[-1] ^= 1
-        path.write_bytes(bytes(raw))
+        flip_last_byte(tmp_path, "v3.0.0")
         # served as stored, with the checksum it was stored with: the reader's check fails
         got = await t.request("GET", url, "/v1/fragments/v3.0.0")
         assert not digest_matches(got.body, got.headers[CHECKSUM_HEADER])
@@ -189,10 +186,7 @@ def test_fragments_written_with_sha256_before_blake3_still_check(tmp_path: Path)
         assert (await t.request("POST", url, f"{path}/verify")).status == 200
         with pytest.raises(BadRequest):   # a truncated legacy upload is refused as before
             await t.request("PUT", url, "/v1/fragments/v7.0.1", body=data[:-1], checksum=legacy)
-        [file] = (tmp_path / "fragments").glob("*/v7.0.0")
-        raw = bytearray(file.read_bytes())
-        raw[-10] ^= 0x40
-        file.write_bytes(bytes(raw))
+        flip_last_byte(tmp_path, "v7.0.0")
         with pytest.raises(Corrupt):
             await t.request("POST", url, f"{path}/verify")
     run(tmp_path, body)
