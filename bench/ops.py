@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cli.localcluster import LocalCluster
+from node.fragments import stored_fragments
 from placement.nodes import Node
 from placement.ring import Ring
 from store.client import Client
@@ -43,18 +44,10 @@ def payload(i: int) -> bytes:
 
 
 def fragment_bytes(data_dir: str) -> tuple[int, int]:
-    """(files, bytes) under one storage node's fragments/ directory."""
-    files = size = 0
-    root = Path(data_dir) / "fragments"
-    if root.exists():
-        for p in root.rglob("*"):
-            try:
-                if p.is_file():
-                    files += 1
-                    size += p.stat().st_size
-            except FileNotFoundError:  # a temp file renamed meanwhile
-                pass
-    return files, size
+    """(fragments, body bytes) stored on one storage node, read from its volume files (a
+    read-only scan: the node may be running)."""
+    stored = stored_fragments(data_dir)
+    return len(stored), sum(size for _, _, size in stored.values())
 
 
 def storage_ids(cluster: LocalCluster) -> list[str]:
@@ -96,11 +89,11 @@ async def _restart(cluster: LocalCluster, node_id: str) -> None:
 async def repair_row(c: Client, cluster: LocalCluster, log: Callable[[str], None]) -> dict[str, Any]:
     errs = Errs()
     data = cluster.nodes[VICTIM].data
-    files_before, bytes_before = fragment_bytes(data)
-    log(f"repair: stopping {VICTIM}, deleting its fragments ({files_before} files, "
+    frags_before, bytes_before = fragment_bytes(data)
+    log(f"repair: stopping {VICTIM}, deleting its fragments ({frags_before} fragments, "
         f"{bytes_before / MiB:.1f} MiB), starting it again")
     await asyncio.to_thread(cluster.stop_node, VICTIM)
-    shutil.rmtree(Path(data) / "fragments", ignore_errors=True)
+    shutil.rmtree(Path(data) / "volumes", ignore_errors=True)   # every fragment it held
     await _restart(cluster, VICTIM)
     w, t_prep, secs = await _timed_pass(prepare_repair(c))
     r = w.report
@@ -113,7 +106,7 @@ async def repair_row(c: Client, cluster: LocalCluster, log: Callable[[str], None
         errs.add("; ".join(down), len(down))
     if r.fragments_rebuilt != r.fragments_missing or r.fragments_rebuilt == 0:
         errs.add(f"rebuilt {r.fragments_rebuilt} of {r.fragments_missing} missing fragments")
-    files_after, bytes_after = fragment_bytes(data)
+    frags_after, bytes_after = fragment_bytes(data)
     return dict(name=f"repair: rebuild {VICTIM}'s wiped fragments", group="ops",
                 value=mb_s(r.bytes_rebuilt, secs), unit="MB/s",
                 mb_s=mb_s(r.bytes_rebuilt, secs),
@@ -126,8 +119,9 @@ async def repair_row(c: Client, cluster: LocalCluster, log: Callable[[str], None
                        "fragments_missing": r.fragments_missing,
                        "unrecoverable": r.unrecoverable[:20], "failed": r.failed,
                        "report_errors": r.errors[:20],
-                       "victim_files_before": files_before, "victim_bytes_before": bytes_before,
-                       "victim_files_after": files_after, "victim_bytes_after": bytes_after})
+                       "victim_fragments_before": frags_before,
+                       "victim_bytes_before": bytes_before,
+                       "victim_fragments_after": frags_after, "victim_bytes_after": bytes_after})
 
 
 async def rebalance_row(c: Client, cluster: LocalCluster,

@@ -376,10 +376,11 @@ def max_connections_from_env() -> int:
     return value
 
 
-def _ensure_fd_limit(max_connections: int) -> None:
-    """Raise the soft open-files limit so the cap, not EMFILE, is what a flood meets."""
+def _ensure_fd_limit(max_connections: int, extra: int = 0) -> None:
+    """Raise the soft open-files limit so the cap, not EMFILE, is what a flood meets;
+    `extra` descriptors more for files the process keeps open (a storage node's volumes)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = max_connections + FD_RESERVE
+    want = max_connections + FD_RESERVE + extra
     if soft == resource.RLIM_INFINITY or soft >= want:
         return
     new = want if hard == resource.RLIM_INFINITY else min(want, hard)
@@ -388,7 +389,12 @@ def _ensure_fd_limit(max_connections: int) -> None:
     if new < want:
         log.warning("open files limit %d is below %s=%d plus %d: connections may fail with "
                     "EMFILE before the cap", hard, MAX_CONNECTIONS_ENV, max_connections,
-                    FD_RESERVE)
+                    FD_RESERVE + extra)
+
+
+def ensure_fd_limit_for_files(files: int) -> None:
+    """Room for `files` descriptors held open beside the connection cap."""
+    _ensure_fd_limit(max_connections_from_env(), files)
 
 
 ProtocolFactory = Callable[[], asyncio.Protocol]

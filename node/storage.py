@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import time
 from collections.abc import AsyncIterator
@@ -16,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from node.fragments import FragmentStore
+from node.fragments import DEFAULT_VOLUME_BYTES, FragmentStore
 from node.metrics import Families, ObservabilityConfig, counter, gauge, observability_config
 from node.scrub import (
     DEFAULT_SCRUB_PASS_INTERVAL_S,
@@ -29,6 +30,7 @@ from node.scrub import (
 )
 from node.server import (
     OBSERVER,
+    ensure_fd_limit_for_files,
     make_base_app,
     node_arg_parser,
     query_int,
@@ -41,6 +43,7 @@ from store.wire import FRAGMENT_CRC_HEADER as CRC_HEADER
 from store.wire import FRAGMENT_META_HEADER as META_HEADER
 from store.wire import pack, pack_header, unpack_header
 
+log = logging.getLogger("ecstore.storage")
 MAX_FRAGMENT_BYTES = 80 * 1024 * 1024
 MAX_LIST_LIMIT = 10_000
 
@@ -57,6 +60,8 @@ class StorageConfig:
     scrub_pass_interval_s: float = DEFAULT_SCRUB_PASS_INTERVAL_S
     scrub_start_delay_s: float = DEFAULT_SCRUB_START_DELAY_S
     reserve_bytes: int | None = None  # refuse fragments below this much free; None: 1%, max 1 GiB
+    volume_bytes: int = DEFAULT_VOLUME_BYTES    # a volume file takes no records past this
+    compact_interval_s: float = 10.0            # how often to look for volumes to compact
     observability: ObservabilityConfig = ObservabilityConfig()
 
 
@@ -65,6 +70,7 @@ STORE = web.AppKey("store", FragmentStore)
 CONFIG = web.AppKey("config", StorageConfig)
 SCRUB_STATS = web.AppKey("scrub_stats", ScrubStats)
 SCRUB_NOW_LOCK = web.AppKey("scrub_now_lock", asyncio.Lock)
+COMPACTIONS = web.AppKey("compactions", list)   # [volumes compacted since start]
 
 
 async def _in_thread(fn: Any, *args: Any) -> Any:
@@ -161,7 +167,15 @@ def storage_metrics(app: web.Application) -> Families:
     disk = store.disk()
     yield gauge("ecstore_storage_fragments", "Fragments stored (quarantined ones not "
                 "included).", store.count)
-    yield gauge("ecstore_storage_fragment_bytes", "Bytes of fragment files stored.", store.bytes)
+    yield gauge("ecstore_storage_fragment_bytes", "Bytes of fragment records stored (live "
+                "ones).", store.bytes)
+    yield gauge("ecstore_storage_volumes", "Volume files (append-only fragment records).",
+                disk["volumes"])
+    yield gauge("ecstore_storage_volume_bytes", "Bytes of all volume files.", disk["volume_bytes"])
+    yield gauge("ecstore_storage_dead_bytes", "Bytes of overwritten or deleted fragment "
+                "records and tombstones not yet compacted away.", disk["dead_bytes"])
+    yield counter("ecstore_storage_compactions", "Volumes compacted (live records copied "
+                  "to the newest volume, the file deleted).", app[COMPACTIONS][0])
     yield gauge("ecstore_storage_quarantined_fragments", "Fragment files in quarantine "
                 "(found corrupt by a reader or the scrubber).", store.quarantined)
     yield gauge("ecstore_storage_disk_free_bytes", "Free bytes on the data disk (for "
@@ -186,6 +200,21 @@ def scrub_metrics(stats: ScrubStats) -> Families:
                 "pass ended (unix time).", s["last_pass_completed_at"])
 
 
+async def compact_loop(app: web.Application) -> None:
+    """Compact volumes that are less than half live, one at a time, every interval."""
+    store = app[STORE]
+    while True:
+        await asyncio.sleep(app[CONFIG].compact_interval_s)
+        if not store.compactable():
+            continue
+        try:
+            r = await _in_thread(store.compact, 1)
+        except Exception:   # a full disk, an I/O error: logged, tried again later
+            log.exception("volume compaction failed")
+            continue
+        app[COMPACTIONS][0] += r.volumes
+
+
 def make_app(config: StorageConfig) -> web.Application:
     app = make_base_app(config.secret, MAX_FRAGMENT_BYTES, config.node_id, "storage",
                         config.observability)
@@ -196,7 +225,11 @@ def make_app(config: StorageConfig) -> web.Application:
 
     async def open_store(app: web.Application) -> AsyncIterator[None]:
         app[STORE] = await _in_thread(FragmentStore, config.data_dir, config.fsync,
-                                      config.reserve_bytes)
+                                      config.reserve_bytes, config.volume_bytes)
+        # every volume is an open file: room for 1,024 more (a TiB of 1 GiB volumes) or
+        # twice today's, beside the connections
+        volumes = app[STORE].disk()["volumes"]
+        ensure_fd_limit_for_files(max(2 * volumes, volumes + 1024))
         app[SCRUB_NOW_LOCK] = asyncio.Lock()
         yield
 
@@ -212,8 +245,17 @@ def make_app(config: StorageConfig) -> web.Application:
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
+    async def background_compaction(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(compact_loop(app))
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    app[COMPACTIONS] = [0]
     app.cleanup_ctx.append(open_store)
     app.cleanup_ctx.append(background_scrub)
+    app.cleanup_ctx.append(background_compaction)
     fid = "/v1/fragments/{fid}"
     app.add_routes([
         web.get("/v1/health", health),
@@ -240,15 +282,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reserve-mb", type=float, default=None,
                    help="free space kept on the disk: fragments that would leave less are "
                    "refused with 507 (default 1%% of the disk, at most 1024)")
+    p.add_argument("--volume-mb", type=float, default=DEFAULT_VOLUME_BYTES / 2**20,
+                   help="size at which a volume file stops taking fragments and a new one "
+                   "is started (default %(default)g)")
     a = p.parse_args(argv)
     if a.scrub_rate_mb_s < 0 or a.scrub_interval_s < 0:
         p.error("--scrub-rate-mb-s and --scrub-interval-s must not be negative")
     if a.reserve_mb is not None and a.reserve_mb < 0:
         p.error("--reserve-mb must not be negative")
+    if not 1 <= a.volume_mb <= 1024 * 1024:
+        p.error("--volume-mb must be between 1 and 1048576")
     cfg = StorageConfig(a.id, a.data, secret_from_env(), a.host, a.port, not a.no_fsync,
                         scrub_rate_mb_s=a.scrub_rate_mb_s,
                         scrub_pass_interval_s=a.scrub_interval_s,
                         reserve_bytes=None if a.reserve_mb is None else int(a.reserve_mb * 2**20),
+                        volume_bytes=int(a.volume_mb * 2**20),
                         observability=observability_config(a))
     run(make_app(cfg), cfg.host, cfg.port)
 

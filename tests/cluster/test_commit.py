@@ -14,6 +14,7 @@ from cli.localcluster import LocalCluster
 from store.client import SyncClient
 from store.errors import NotFound
 from tests.cluster.conftest import wait_for
+from tests.functional.harness import fragments_on_disk
 
 WRITER = textwrap.dedent("""
     import asyncio, sys, time
@@ -32,9 +33,10 @@ WRITER = textwrap.dedent("""
 """)
 
 
-def fragment_files(cluster: LocalCluster) -> int:
-    return sum(len(files) for s in cluster.nodes.values() if s.role == "storage"
-               for _, _, files in os.walk(os.path.join(s.data, "fragments")))
+def fragment_count(cluster: LocalCluster) -> int:
+    """Fragments stored on the storage nodes' disks (records in their volume files)."""
+    return sum(len(fragments_on_disk(s.data)) for s in cluster.nodes.values()
+               if s.role == "storage")
 
 
 @pytest.mark.parametrize("earlier", [False, True])
@@ -52,12 +54,12 @@ def test_killed_client_leaves_no_visible_object(cluster: LocalCluster, client: S
     assert proc.stdout is not None
     line = proc.stdout.readline().decode()
     assert line.strip() == "streaming"
-    before = fragment_files(cluster)
-    wait_for(lambda: fragment_files(cluster) > before, what="fragments of the put")
+    before = fragment_count(cluster)
+    wait_for(lambda: fragment_count(cluster) > before, what="fragments of the put")
     time.sleep(0.3)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
-    assert fragment_files(cluster) > 0  # fragments were written, but nothing committed
+    assert fragment_count(cluster) > 0  # fragments were written, but nothing committed
     if old is None:
         with pytest.raises(NotFound):
             client.head("commit", key)

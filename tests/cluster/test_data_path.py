@@ -1,9 +1,7 @@
 """Round trips, ranges, node loss, corruption, control node loss, auth: real processes."""
 from __future__ import annotations
 
-import glob
 import hashlib
-import os
 import urllib.error
 import urllib.request
 
@@ -12,6 +10,7 @@ import pytest
 from cli.localcluster import LocalCluster
 from store.client import SyncClient
 from store.errors import NotFound, RangeNotSatisfiable, Unavailable
+from tests.functional.harness import flip_last_byte, fragments_on_disk
 
 SEG = 4 * 1024 * 1024
 INLINE = 64 * 1024
@@ -93,16 +92,14 @@ def test_corrupted_fragment_files_never_reach_the_reader(cluster: LocalCluster,
                                                          client: SyncClient,
                                                          stored: dict[str, bytes]) -> None:
     vid = client.head("data", "ragged").version_id
-    files = sorted(glob.glob(str(cluster.dir / "s*" / "fragments" / "*" / f"{vid}.*")))
-    assert len(files) == 3 * 6
+    storage = [i for i, n in cluster.nodes.items() if n.role == "storage"]
+    held = sorted((fid, node_id) for node_id in storage
+                  for fid in fragments_on_disk(cluster.dir / node_id) if fid.startswith(f"{vid}."))
+    assert len(held) == 3 * 6
     flipped = 0
-    for path in files:
-        if path.endswith(".0") or path.endswith(".1"):  # data fragments, read first
-            with open(path, "r+b") as f:
-                f.seek(os.path.getsize(path) - 100)
-                byte = f.read(1)
-                f.seek(-1, os.SEEK_CUR)
-                f.write(bytes([byte[0] ^ 0xFF]))
+    for fid, node_id in held:
+        if fid.endswith(".0") or fid.endswith(".1"):  # data fragments, read first
+            flip_last_byte(cluster.dir / node_id, fid)
             flipped += 1
     assert flipped == 6
     assert client.get("data", "ragged") == stored["ragged"]

@@ -1,10 +1,12 @@
 """A storage node whose disk fills up: it refuses fragments with 507, puts go on through
-handoff nodes, nothing is left half-written, it keeps serving reads, and it takes
-fragments again once space is freed. The full disk is a real small filesystem (tmpfs with
-a size limit) mounted on the node's data directory."""
+handoff nodes, nothing is left half-written in its volume files, it keeps serving reads,
+and it takes fragments again once space is freed. The full disk is a real small filesystem
+(tmpfs with a size limit) mounted on the node's data directory."""
 from __future__ import annotations
 
+import gc
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -50,6 +52,7 @@ def small_disk() -> Iterator[LocalCluster]:
         yield c
     finally:
         c.stop()
+        gc.collect()    # a FragmentStore a failed test left open holds its volume files
         subprocess.run(["umount", str(disk)], check=False)
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -69,7 +72,19 @@ def _free(path: Path) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def test_a_full_node_refuses_cleanly_and_recovers(small_disk: LocalCluster) -> None:
+def _volume_sizes(data_dir: Path) -> dict[str, int]:
+    """{volume file name: bytes} of a storage node's volume files."""
+    return {p.name: p.stat().st_size for p in (data_dir / "volumes").glob("*.vol")}
+
+
+def _damage_logged(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """What opening a FragmentStore said about records it cut off or skipped."""
+    return [r.getMessage() for r in caplog.records
+            if r.name == "ecstore.fragments" and r.levelno >= logging.WARNING]
+
+
+def test_a_full_node_refuses_cleanly_and_recovers(small_disk: LocalCluster,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
     disk = Path(small_disk.nodes["s1"].data)
     with SyncClient(small_disk.path) as c:
         c.create_bucket("full")
@@ -78,6 +93,8 @@ def test_a_full_node_refuses_cleanly_and_recovers(small_disk: LocalCluster) -> N
         with open(filler, "wb") as f:
             f.write(b"\0" * max(0, _free(disk) - 100 * 1024))
         assert _free(disk) < DISK_MIB * MiB // 100
+        volumes = _volume_sizes(disk)
+        assert volumes     # the node made its first volume when it started
 
         # a fragment PUT straight to the node: 507 with a reason, nothing half-written
         async def direct() -> None:
@@ -94,7 +111,8 @@ def test_a_full_node_refuses_cleanly_and_recovers(small_disk: LocalCluster) -> N
         assert "s1" not in placed, "a full node took fragments"
         for k, v in objs.items():
             assert c.get("full", k) == v
-        assert list((disk / "tmp").iterdir()) == []  # no half-written file left behind
+        # no half-written record left behind: a refused fragment appended nothing
+        assert _volume_sizes(disk) == volumes
 
         # the full node still serves what it holds
         early = os.urandom(MiB)
@@ -123,24 +141,34 @@ def test_a_full_node_refuses_cleanly_and_recovers(small_disk: LocalCluster) -> N
         for k, v in {**objs, **later}.items():
             assert c.get("full", k) == v
 
-    # every fragment file on the node is whole and verifies
-    store = FragmentStore(disk, fsync=False, reserve_bytes=0)
-    ids = store.list("", 100_000)
-    assert ids
-    for fid in ids:
-        store.read(fid)  # raises Corrupt on a half-written or damaged file
+    # every fragment record on the node is whole and verifies (the node stopped first:
+    # one store at a time opens a data directory)
+    small_disk.stop_node("s1")
+    with caplog.at_level(logging.WARNING, logger="ecstore.fragments"):
+        store = FragmentStore(disk, fsync=False, reserve_bytes=0)
+    try:
+        assert _damage_logged(caplog) == []  # nothing cut short or skipped when it opened
+        ids = store.list("", 100_000)
+        assert ids
+        for fid in ids:
+            store.read(fid)  # raises Corrupt on a half-written or damaged record
+    finally:
+        del store   # its volume files closed, so the disk can be unmounted
 
 
 def test_enospc_mid_write_leaves_no_half_fragment(tmp_path: Path) -> None:
     """With no reserve, the disk really fills in the middle of a fragment write: the put
-    fails with InsufficientStorage, the half-written temporary file is gone, every stored
-    fragment still verifies, and a put fits again once one is deleted."""
+    fails with InsufficientStorage, the half-written record is never listed or read (not
+    even once the store is opened again), every stored fragment still verifies, and a put
+    fits again once one is deleted and its space compacted away. Volumes of 1 MiB: each
+    fragment gets one of its own, which compaction can delete."""
     disk = tmp_path / "disk"
     why = _mount_tmpfs(disk, 4)
     if why is not None:
         pytest.skip(why)
+    store: FragmentStore | None = None
     try:
-        store = FragmentStore(disk, fsync=True, reserve_bytes=0)
+        store = FragmentStore(disk, fsync=True, reserve_bytes=0, volume_bytes=MiB)
         body = os.urandom(700 * 1024)
         checksum = hashlib.sha256(body).hexdigest()
         stored = []
@@ -149,12 +177,22 @@ def test_enospc_mid_write_leaves_no_half_fragment(tmp_path: Path) -> None:
                 store.put(f"f{i}.0.0", body, checksum, {"i": i})
                 stored.append(f"f{i}.0.0")
         assert 3 <= len(stored) < 20
-        assert list((disk / "tmp").iterdir()) == []
         assert store.list("", 100) == sorted(stored)
         for fid in stored:
             assert bytes(store.read(fid).body) == body
         store.delete(stored[0])
+        assert store.compact().volumes >= 1     # the deleted fragment's volume freed
         store.put("again.0.0", body, checksum, {})
         assert bytes(store.read("again.0.0").body) == body
+        kept = sorted([*stored[1:], "again.0.0"])
+        assert store.list("", 100) == kept
+        store = None
+        gc.collect()
+        store = FragmentStore(disk, fsync=True, reserve_bytes=0, volume_bytes=MiB)
+        assert store.list("", 100) == kept      # the half-written one did not come back
+        for fid in kept:
+            assert bytes(store.read(fid).body) == body
     finally:
+        store = None    # its volume files closed, so the disk can be unmounted
+        gc.collect()
         subprocess.run(["umount", str(disk)], check=False)

@@ -20,9 +20,11 @@ from botocore.exceptions import ClientError
 from prometheus_client.parser import text_string_to_metric_families
 
 from cli.localcluster import LocalCluster, free_port, signed_request
+from node.fragments import MAX_HEADER_BYTES, RECORD_MAGIC, RECORD_PREFIX, stored_fragments
 from store.client import SyncClient
 from store.wire import unpack
 from tests.cluster.s3_fixtures import gateway_cluster, gateway_of, make_client
+from tests.functional.harness import flip_last_byte, fragments_on_disk
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "test-metrics-token-0123456789"
@@ -101,9 +103,31 @@ def wait_for(cond: Callable[[], bool], what: str, timeout_s: float = 20.0) -> No
         time.sleep(0.1)
 
 
-def fragment_files(cluster: LocalCluster, vid: str, index: int) -> list[Path]:
-    """The files of fragment `index` of segment 0 of version `vid`, on any storage node."""
-    return sorted(cluster.dir.glob(f"s*/fragments/*/{vid}.0.{index}"))
+def fragment_holders(cluster: LocalCluster, vid: str, index: int) -> list[str]:
+    """The storage nodes with fragment `index` of segment 0 of version `vid` on disk."""
+    return [i for i in nodes(cluster, "storage")
+            if f"{vid}.0.{index}" in fragments_on_disk(cluster.dir / i)]
+
+
+def live_record_bytes(data_dir: Path) -> int:
+    """Bytes of the records (prefix, header and body) of every fragment stored under
+    data_dir, read from its volume files: each record found back from its body."""
+    total = 0
+    for path, body_off, size in stored_fragments(data_dir).values():
+        start = max(0, body_off - RECORD_PREFIX.size - MAX_HEADER_BYTES)
+        with open(path, "rb") as f:
+            f.seek(start)
+            before = f.read(body_off - start)
+        end = len(before) - RECORD_PREFIX.size + len(RECORD_MAGIC)
+        while True:     # the nearest b"ECV1" whose header length ends where the body starts
+            at = before.rfind(RECORD_MAGIC, 0, end)
+            assert at >= 0, f"no record before the body at {body_off} in {path}"
+            _, header_len, _ = RECORD_PREFIX.unpack_from(before, at)
+            if at + RECORD_PREFIX.size + header_len == len(before):
+                break
+            end = at + len(RECORD_MAGIC) - 1
+        total += len(before) - at + size
+    return total
 
 
 def put_object(s3: BaseClient, key: str) -> bytes:
@@ -151,8 +175,12 @@ def test_a_storage_nodes_fragments_gauge_equals_its_listing(cluster: LocalCluste
         listing = unpack(signed_request(cluster.secret, "GET", url, "/v1/fragments?limit=10000"))
         samples = scrape(cluster, node_id)
         assert value(samples, "ecstore_storage_fragments") == len(listing["fragments"]) > 0
-        stored = sum(f.stat().st_size for f in (cluster.dir / node_id / "fragments").glob("*/*"))
-        assert value(samples, "ecstore_storage_fragment_bytes") == stored
+        data_dir = cluster.dir / node_id
+        assert value(samples, "ecstore_storage_fragment_bytes") == live_record_bytes(data_dir)
+        volumes = list((data_dir / "volumes").glob("*.vol"))
+        assert value(samples, "ecstore_storage_volumes") == len(volumes) > 0
+        assert value(samples, "ecstore_storage_volume_bytes") \
+            == sum(v.stat().st_size for v in volumes)
         assert 0 < value(samples, "ecstore_storage_disk_free_bytes") \
             <= value(samples, "ecstore_storage_disk_total_bytes")
 
@@ -161,11 +189,8 @@ def test_a_corrupted_fragment_read_raises_checksum_failures(cluster: LocalCluste
                                                             s3: BaseClient, lib: SyncClient) -> None:
     data = put_object(s3, "corrupted")
     vid = lib.head(BUCKET, "corrupted").version_id
-    [path] = fragment_files(cluster, vid, 0)        # a data fragment: read first
-    holder = path.parts[len(cluster.dir.parts)]
-    raw = bytearray(path.read_bytes())
-    raw[-10] ^= 0xFF
-    path.write_bytes(bytes(raw))
+    [holder] = fragment_holders(cluster, vid, 0)    # a data fragment: read first
+    flip_last_byte(cluster.dir / holder, f"{vid}.0.0")
     gw_before, node_before = scrape(cluster, "gw1"), scrape(cluster, holder)
 
     assert s3.get_object(Bucket=BUCKET, Key="corrupted")["Body"].read() == data
@@ -174,20 +199,21 @@ def test_a_corrupted_fragment_read_raises_checksum_failures(cluster: LocalCluste
         == value(gw_before, "ecstore_client_checksum_failures_total") + 1
     assert value(gw, "ecstore_client_degraded_reads_total") \
         == value(gw_before, "ecstore_client_degraded_reads_total") + 1
-    # the reader reported it: the node verified the file and quarantined it
+    # the reader reported it: the node verified the record and quarantined it
     wait_for(lambda: value(scrape(cluster, holder), "ecstore_storage_quarantined_fragments")
              == value(node_before, "ecstore_storage_quarantined_fragments") + 1,
              "the fragment to be quarantined")
     assert value(scrape(cluster, holder), "ecstore_storage_fragments") \
         == value(node_before, "ecstore_storage_fragments") - 1
+    assert (cluster.dir / holder / "quarantine" / f"{vid}.0.0").exists()
+    assert f"{vid}.0.0" not in fragments_on_disk(cluster.dir / holder)
 
 
 def test_gets_with_a_node_killed_raise_degraded_reads(cluster: LocalCluster, s3: BaseClient,
                                                       lib: SyncClient, all_up: LocalCluster) -> None:
     data = put_object(s3, "degraded")
     vid = lib.head(BUCKET, "degraded").version_id
-    [path] = fragment_files(cluster, vid, 1)
-    holder = path.parts[len(cluster.dir.parts)]
+    [holder] = fragment_holders(cluster, vid, 1)
     before = scrape(cluster, "gw1")
     cluster.kill_node(holder)
     for _ in range(3):

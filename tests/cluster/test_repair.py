@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import glob
 import json
 import os
 import shutil
@@ -17,6 +16,7 @@ from store.client import Client, SyncClient
 from store.repair import expected_nodes
 from store.striping import fragment_id
 from tests.cluster.conftest import wait_for
+from tests.functional.harness import flip_last_byte, fragments_on_disk, lose_fragment
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,8 +81,9 @@ def test_wiped_node_is_rebuilt_by_repair(cluster: LocalCluster, client: SyncClie
 
 def test_interrupted_repair_resumes_and_finishes(cluster: LocalCluster, client: SyncClient,
                                                  objects: dict[str, bytes]) -> None:
-    for f in glob.glob(str(Path(cluster.nodes["s5"].data) / "fragments" / "*" / "*")):
-        os.unlink(f)
+    s5 = cluster.nodes["s5"]
+    for fid in fragments_on_disk(s5.data):     # every fragment s5 held, lost
+        lose_fragment(s5.url, cluster.secret, fid)
 
     state = cluster.dir / "repair.state.json"
     slow = subprocess.Popen([sys.executable, "-m", "cli.main", "--cluster", str(cluster.path),
@@ -108,14 +109,10 @@ def test_corruption_on_two_nodes_is_scrubbed_and_repaired(cluster: LocalCluster,
                                                            objects: dict[str, bytes]) -> None:
     flipped = []
     for node in ("s2", "s6"):
-        files = sorted(glob.glob(str(Path(cluster.nodes[node].data) / "fragments" / "*" / "*")))
-        for path in files[:3]:
-            with open(path, "r+b") as f:
-                f.seek(-50, os.SEEK_END)
-                b = f.read(1)
-                f.seek(-1, os.SEEK_CUR)
-                f.write(bytes([b[0] ^ 0x55]))
-            flipped.append(os.path.basename(path))
+        data = cluster.nodes[node].data
+        for fid in sorted(fragments_on_disk(data))[:3]:
+            flip_last_byte(data, fid)
+            flipped.append(fid)
     for k, v in objects.items():  # never served corrupt meanwhile
         assert client.get("heal", k) == v
     scrub = run_cli(cluster, "scrub", "--json")
@@ -133,10 +130,11 @@ def test_corruption_on_two_nodes_is_scrubbed_and_repaired(cluster: LocalCluster,
 def test_unrecoverable_objects_are_named(cluster: LocalCluster, client: SyncClient,
                                          objects: dict[str, bytes]) -> None:
     vid = client.head("heal", "obj-01").version_id
-    files = sorted(glob.glob(str(cluster.dir / "s*" / "fragments" / "*" / f"{vid}.0.*")))
-    assert len(files) == 6
-    for f in files[:3]:  # m + 1 fragments of segment 0 gone
-        os.unlink(f)
+    held = sorted((n.id, fid) for n in cluster.nodes.values() if n.role == "storage"
+                  for fid in fragments_on_disk(n.data) if fid.startswith(f"{vid}.0."))
+    assert len(held) == 6
+    for node_id, fid in held[:3]:  # m + 1 fragments of segment 0 gone
+        lose_fragment(cluster.nodes[node_id].url, cluster.secret, fid)
     proc = run_cli(cluster, "repair", "--json", "--restart")
     assert proc.returncode == 1
     rep = json.loads(proc.stdout)

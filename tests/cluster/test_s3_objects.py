@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 from email.utils import parsedate_to_datetime
-from pathlib import Path
 
 import pytest
 from botocore.client import BaseClient
@@ -34,6 +33,7 @@ from tests.cluster.s3_fixtures import (  # noqa: F401
     status,
     user_client,
 )
+from tests.functional.harness import fragments_on_disk, lose_fragment
 
 
 # ---- buckets -----------------------------------------------------------------------------
@@ -295,21 +295,23 @@ def test_a_multi_range_request_is_not_a_server_error(s3: BaseClient, bucket: str
         assert status(resp) == 206 and resp["Body"].read() == ragged[0:2]
 
 
-def fragment_files(cluster: LocalCluster) -> set[Path]:
-    return set(cluster.dir.glob("s*/fragments/**/*.*.*"))
+def fragments_held(cluster: LocalCluster) -> set[tuple[str, str]]:
+    """(storage node, fragment id) of every fragment on the storage nodes' disks."""
+    return {(n.id, fid) for n in cluster.nodes.values() if n.role == "storage"
+            for fid in fragments_on_disk(n.data)}
 
 
 @pytest.fixture(scope="module")
 def lost_segment(s3_cluster: LocalCluster, s3: BaseClient, bucket: str) -> bytes:
-    """A three-segment object whose segment 2 is unreadable: m + 1 = 3 of its fragment files
-    (named version.segment.index) removed, so fewer than k = 4 remain."""
+    """A three-segment object whose segment 2 is unreadable: m + 1 = 3 of its fragments
+    (with ids version.segment.index) lost, so fewer than k = 4 remain."""
     data = blob(2 * SEG + 100_000, 10)
-    before = fragment_files(s3_cluster)
+    before = fragments_held(s3_cluster)
     s3.put_object(Bucket=bucket, Key="lost-segment", Body=data)
-    new = fragment_files(s3_cluster) - before
-    assert len({f.name.split(".")[0] for f in new}) == 1 and len(new) == 3 * 6, sorted(f.name for f in new)
-    for f in sorted(f for f in new if f.name.split(".")[1] == "2")[:3]:
-        f.unlink()
+    new = fragments_held(s3_cluster) - before
+    assert len({fid.split(".")[0] for _, fid in new}) == 1 and len(new) == 3 * 6, sorted(new)
+    for node, fid in sorted(f for f in new if f[1].split(".")[1] == "2")[:3]:
+        lose_fragment(s3_cluster.nodes[node].url, s3_cluster.secret, fid)
     return data
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from cli.localcluster import LocalCluster
 from store.client import SyncClient
+from tests.functional.harness import flip_last_byte, fragments_on_disk
 
 ROOT = Path(__file__).resolve().parents[2]
 SEG = 4 * 1024 * 1024
@@ -32,16 +33,9 @@ def ecstore(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[by
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-def flip(path: Path) -> None:
-    with open(path, "r+b") as f:
-        f.seek(os.path.getsize(path) - 50)
-        byte = f.read(1)
-        f.seek(-1, os.SEEK_CUR)
-        f.write(bytes([byte[0] ^ 0xFF]))
-
-
-def fragment_files(cluster: LocalCluster, node: str, vid: str) -> list[Path]:
-    return sorted((cluster.dir / node / "fragments").glob(f"*/{vid}.*"))
+def fragment_ids(cluster: LocalCluster, node: str, vid: str) -> list[str]:
+    """The fragments of version `vid` stored on `node`'s disk (its volume files)."""
+    return sorted(f for f in fragments_on_disk(cluster.dir / node) if f.startswith(f"{vid}."))
 
 
 @pytest.fixture(scope="module")
@@ -59,19 +53,20 @@ def test_scrub_finds_quarantines_and_reads_stay_whole(cluster: LocalCluster,
     big = client.head("scrubbed", "big").version_id
     small = client.head("scrubbed", "small").version_id
     # s2: one fragment of each object; s5: one fragment of the big one
-    bad = {"s2": [fragment_files(cluster, "s2", big)[0], fragment_files(cluster, "s2", small)[0]],
-           "s5": [fragment_files(cluster, "s5", big)[-1]]}
-    for paths in bad.values():
-        for p in paths:
-            flip(p)
+    bad = {"s2": [fragment_ids(cluster, "s2", big)[0], fragment_ids(cluster, "s2", small)[0]],
+           "s5": [fragment_ids(cluster, "s5", big)[-1]]}
+    for node, fids in bad.items():
+        for fid in fids:
+            flip_last_byte(cluster.dir / node, fid)
 
     proc = ecstore(cluster, "scrub", "--node", "s2", "--json")
     assert proc.returncode == 0, proc.stderr.decode()
     [r] = json.loads(proc.stdout)["nodes"]
     assert r["node"] == "s2" and r["checked"] >= 4
-    assert sorted(r["corrupt"]) == sorted(p.name for p in bad["s2"])
-    for p in bad["s2"]:
-        assert not p.exists() and (cluster.dir / "s2" / "quarantine" / p.name).exists()
+    assert sorted(r["corrupt"]) == sorted(bad["s2"])
+    on_s2 = fragments_on_disk(cluster.dir / "s2")
+    for fid in bad["s2"]:
+        assert fid not in on_s2 and (cluster.dir / "s2" / "quarantine" / fid).exists()
 
     # every node in turn, readable output: s5's is found, s2 is clean now
     proc = ecstore(cluster, "scrub")
@@ -79,10 +74,11 @@ def test_scrub_finds_quarantines_and_reads_stay_whole(cluster: LocalCluster,
     text = proc.stdout.decode()
     for i in range(1, 7):
         assert f"scrubbing s{i}" in proc.stderr.decode()
-    assert f"quarantined {bad['s5'][0].name}" in text
+    assert f"quarantined {bad['s5'][0]}" in text
     s2_line = next(line for line in text.splitlines() if line.startswith("s2: checked"))
     assert s2_line.endswith(", 0 corrupt")
-    assert (cluster.dir / "s5" / "quarantine" / bad["s5"][0].name).exists()
+    assert (cluster.dir / "s5" / "quarantine" / bad["s5"][0]).exists()
+    assert bad["s5"][0] not in fragments_on_disk(cluster.dir / "s5")
 
     status = ecstore(cluster, "status", "--json")
     rows = {r["id"]: r for r in json.loads(status.stdout)["nodes"]}

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from aiohttp.test_utils import TestServer
 
+from cli.localcluster import signed_request
+from node.fragments import stored_fragments
 from node.storage import StorageConfig, make_app
 from store.transport import Transport
 
@@ -29,9 +31,24 @@ def run(tmp_path: Path, body: Callable[[Transport, str], Awaitable[None]],
     asyncio.run(go())
 
 
-def flip_last_byte(data_dir: Path, fid: str) -> None:
-    """Damage a stored fragment on disk: its file's last byte flipped."""
-    [path] = (data_dir / "fragments").glob(f"*/{fid}")
-    raw = bytearray(path.read_bytes())
-    raw[-1] ^= 0xFF
-    path.write_bytes(bytes(raw))
+def flip_last_byte(data_dir: Path | str, fid: str) -> None:
+    """Damage a stored fragment on disk: the last byte of its body, in its volume file,
+    flipped (a running node reads it from the same file)."""
+    path, off, size = stored_fragments(data_dir)[fid]
+    with open(path, "r+b") as f:
+        f.seek(off + size - 1)
+        last = f.read(1)[0]
+        f.seek(off + size - 1)
+        f.write(bytes([last ^ 0xFF]))
+
+
+def fragments_on_disk(data_dir: Path | str) -> dict[str, int]:
+    """{fragment id: body bytes} of every fragment stored under a node's data directory,
+    read from its volume files."""
+    return {fid: size for fid, (_, _, size) in stored_fragments(data_dir).items()}
+
+
+def lose_fragment(url: str, secret: str, fid: str) -> None:
+    """A fragment lost from a running storage node's disk: deleted through the node,
+    which is the only one that can forget it (its volume files are append-only)."""
+    signed_request(secret, "DELETE", url, f"/v1/fragments/{fid}")

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from node.fragments import FragmentStore
+from node.fragments import FragmentStore, parse_fragment
 from node.scrub import Scrubber, ScrubStats, pacing_pause_s, scrub_now, step_budget_bytes
 from store.auth import CHECKSUM_HEADER
 from store.errors import Corrupt, NotFound
 from store.transport import Transport
 from store.wire import unpack
-from tests.functional.harness import flip_last_byte, run
+from tests.functional.harness import flip_last_byte, fragments_on_disk, run
 
 
 def filled_store(data_dir: Path, n: int) -> FragmentStore:
@@ -56,6 +56,9 @@ def test_step_finds_a_flipped_byte_and_quarantines_it(tmp_path: Path) -> None:
     assert r.corrupt == ["v002.0.0"] and r.checked == 5 and r.pass_complete
     assert store.count == count - 1 and store.bytes < size and store.quarantined == 1
     assert (tmp_path / "quarantine" / "v002.0.0").exists()  # kept aside
+    with pytest.raises(Corrupt):        # its record as it was: the flipped byte included
+        parse_fragment("v002.0.0", (tmp_path / "quarantine" / "v002.0.0").read_bytes())
+    assert sorted(fragments_on_disk(tmp_path)) == [f"v{i:03d}.0.0" for i in (0, 1, 3, 4)]
     assert "v002.0.0" not in store.list("", 100)
     assert store.quarantined_ids() == ["v002.0.0"]
     with pytest.raises(NotFound):
@@ -75,6 +78,7 @@ def test_a_repaired_fragment_leaves_the_quarantine_list_but_its_file_stays(tmp_p
         body = bytes([1]) * 101
         store.put("v001.0.0", body, hashlib.sha256(body).hexdigest(), {"i": 1})
     assert store.quarantined == 2 and len(list((tmp_path / "quarantine").iterdir())) == 2
+    assert fragments_on_disk(tmp_path) == {"v000.0.0": 100, "v001.0.0": 101}   # the repair
     assert store.quarantined_ids() == []
     assert store.read("v001.0.0").body == bytes([1]) * 101
 
@@ -82,11 +86,13 @@ def test_a_repaired_fragment_leaves_the_quarantine_list_but_its_file_stays(tmp_p
 def test_a_fragment_replaced_after_the_read_is_not_quarantined(tmp_path: Path) -> None:
     import hashlib
     store = filled_store(tmp_path, 1)
-    _, inode = store.read_raw("v000.0.0")
+    _, loc = store.read_raw("v000.0.0")
     body = b"repaired"
     store.put("v000.0.0", body, hashlib.sha256(body).hexdigest(), {})
-    assert not store.quarantine_fragment("v000.0.0", inode)
+    assert not store.quarantine_fragment("v000.0.0", loc)
     assert store.read("v000.0.0").body == body and store.quarantined == 0
+    assert not list((tmp_path / "quarantine").iterdir())
+    assert fragments_on_disk(tmp_path) == {"v000.0.0": len(body)}
 
 
 def test_pacing_pause_keeps_the_rate() -> None:

@@ -9,12 +9,26 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from node.fragments import VOLUME_HEADER
 from store.auth import CHECKSUM_HEADER, sign_headers
 from store.digest import digest
 from store.digest import matches as digest_matches
 from store.errors import BadRequest, Corrupt, NotFound, Unauthorized
 from store.transport import Transport
-from tests.functional.harness import SECRET, flip_last_byte, run
+from tests.functional.harness import SECRET, flip_last_byte, fragments_on_disk, run
+
+
+def volume_bytes(data_dir: Path) -> int:
+    """Bytes of a node's volume files: every record it ever appended, whole or not."""
+    return sum(p.stat().st_size for p in (data_dir / "volumes").glob("*.vol"))
+
+
+def nothing_stored(data_dir: Path) -> bool:
+    """No fragment under data_dir, and no bytes of one either: its volume files hold
+    their headers only (a refused upload appends nothing, not even a damaged record)."""
+    vols = list((data_dir / "volumes").glob("*.vol"))
+    return (fragments_on_disk(data_dir) == {} and len(vols) > 0
+            and volume_bytes(data_dir) == VOLUME_HEADER.size * len(vols))
 
 
 def test_put_get_head_delete_list(tmp_path: Path) -> None:
@@ -43,7 +57,7 @@ def test_truncated_upload_is_refused_and_stores_nothing(tmp_path: Path) -> None:
             await t.request("PUT", url, "/v1/fragments/v2.0.0", body=b"full", checksum=good)
         with pytest.raises(NotFound):
             await t.request("HEAD", url, "/v1/fragments/v2.0.0")
-        assert not list((tmp_path / "tmp").iterdir())
+        assert nothing_stored(tmp_path)
     run(tmp_path, body)
 
 
@@ -76,7 +90,7 @@ def test_a_body_in_many_pieces_is_stored_whole_and_one_cut_short_not_at_all(
         tmp_path: Path) -> None:
     """The storage node reads a fragment body into one buffer of its Content-Length
     (node.server.read_body): pieces land where they belong, and a client that hangs up
-    half-way leaves no fragment and no temporary file."""
+    half-way leaves no fragment and no bytes in the volume files."""
     data = os.urandom(300_000)
 
     async def body(t: Transport, url: str) -> None:
@@ -85,11 +99,13 @@ def test_a_body_in_many_pieces_is_stored_whole_and_one_cut_short_not_at_all(
         assert reply.startswith(b"HTTP/1.1 201"), reply
         r = await t.request("GET", url, "/v1/fragments/v9.0.0")
         assert bytes(r.body) == data
+        appended = volume_bytes(tmp_path)
         await _raw_put(url, "v9.0.1", data, [data[:100_000]], close=True)
         await asyncio.sleep(0.2)
         with pytest.raises(NotFound):
             await t.request("HEAD", url, "/v1/fragments/v9.0.1")
-        assert not list((tmp_path / "tmp").iterdir())
+        assert fragments_on_disk(tmp_path) == {"v9.0.0": len(data)}
+        assert volume_bytes(tmp_path) == appended
         await t.request("PUT", url, "/v1/fragments/v9.0.2", body=b"still serving")
     run(tmp_path, body)
 
@@ -114,7 +130,7 @@ def test_fragment_ids_cannot_escape_the_data_directory(tmp_path: Path, fid: str)
         with pytest.raises((BadRequest, NotFound)):
             await t.request("PUT", url, f"/v1/fragments/{fid}", body=b"evil")
         assert not any(p.name == "evil" for p in tmp_path.parent.rglob("*"))
-        assert sum(1 for _ in (tmp_path / "fragments").rglob("*") if _.is_file()) == 0
+        assert nothing_stored(tmp_path)
     run(tmp_path, body)
 
 
@@ -135,7 +151,7 @@ def test_unsigned_and_wrongly_signed_requests_are_refused(tmp_path: Path) -> Non
 
 
 def test_reads_from_the_page_cache_skip_the_thread_and_others_do_not(tmp_path: Path) -> None:
-    """read_cached serves a fragment whose file is in the page cache, gives None for one
+    """read_cached serves a fragment whose record is in the page cache, gives None for one
     that is not (it would wait for the disk) or whose header is damaged (read() in a
     thread quarantines it), and NotFound for none; the GET route serves all three cases."""
     import os
@@ -144,7 +160,8 @@ def test_reads_from_the_page_cache_skip_the_thread_and_others_do_not(tmp_path: P
     store = FragmentStore(tmp_path, fsync=True)
     body = os.urandom(200_000)
     store.put("v5.0.0", body, hashlib.sha256(body).hexdigest(), {"crc32": 7})
-    path = store.path("v5.0.0")
+    path, _, _ = store.locate("v5.0.0")
+    record_at = store.read_raw("v5.0.0")[1].off     # where its record (and magic) starts
     frag = store.read_cached("v5.0.0")
     assert frag is not None and bytes(frag.body) == body and frag.meta == {"crc32": 7}
 
@@ -157,12 +174,16 @@ def test_reads_from_the_page_cache_skip_the_thread_and_others_do_not(tmp_path: P
 
     with pytest.raises(NotFound):
         store.read_cached("v6.0.0")
-    raw = bytearray(path.read_bytes())
-    raw[0] ^= 0xFF                                          # damaged magic
-    path.write_bytes(bytes(raw))
-    assert store.read_cached("v5.0.0") is None
 
     async def go(t: Transport, url: str) -> None:
+        # damaged once the node has opened the store (opening would skip a record whose
+        # header is damaged, and cut it off at the end of the volume: missing, not corrupt)
+        with open(path, "r+b") as f:
+            f.seek(record_at)
+            magic = f.read(1)
+            f.seek(record_at)
+            f.write(bytes([magic[0] ^ 0xFF]))               # damaged magic
+        assert store.read_cached("v5.0.0") is None
         with pytest.raises(Corrupt):                        # quarantined by the thread path
             await t.request("GET", url, "/v1/fragments/v5.0.0")
         with pytest.raises(NotFound):
@@ -171,6 +192,7 @@ def test_reads_from_the_page_cache_skip_the_thread_and_others_do_not(tmp_path: P
         assert bytes((await t.request("GET", url, "/v1/fragments/v7.0.0")).body) == body
     run(tmp_path, go)
     assert (tmp_path / "quarantine" / "v5.0.0").exists()
+    assert set(fragments_on_disk(tmp_path)) == {"v7.0.0"}
 
 
 def test_fragments_written_with_sha256_before_blake3_still_check(tmp_path: Path) -> None:
