@@ -49,9 +49,10 @@ DEFAULT_OUT = Path("bench/results/compare.json")
 ECSTORE_DURABILITY = {
     "copies": f"{K}+{M} isa_l_rs_vand erasure coding over {STORAGE_NODES} storage nodes (any "
               f"{M} may be lost), 4 MiB segments",
-    "fsync": "on (the default, kept): each fragment file is fsynced, renamed into place and "
-             "its directory fsynced before it is acknowledged; metadata in RocksDB with synced "
-             "writes (concurrent ones share a sync: group commit)",
+    "fsync": "on (the default, kept): each fragment is appended to its node's volume file "
+             "and fdatasynced before it is acknowledged (concurrent ones share a sync); "
+             "metadata in RocksDB with synced writes (concurrent ones share a sync: group "
+             "commit)",
     "metadata": f"{CONTROL_NODES} control replicas per object record, write quorum 2",
     "small objects": "up to 64 KiB stored inline in the metadata record (3 replicas), not "
                      "erasure-coded: the 4 KiB and listing objects",

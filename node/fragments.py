@@ -557,11 +557,14 @@ class FragmentStore:
                                   - VOLUME_HEADER.size * len(self._volumes))}
 
     def compactable(self) -> builtins.list[Volume]:
-        """Volumes no longer appended to with less than half of them live."""
+        """Volumes less than half live: those no longer appended to, and the one that is
+        once it holds a quarter of a volume's size (a disk that fills before its volume
+        does gets the space of deletions back too)."""
         with self._lock:
             active = max(self._volumes)
-            return [v for vid, v in sorted(self._volumes.items()) if vid != active
-                    and v.live_bytes < (v.end - VOLUME_HEADER.size) * COMPACT_LIVE_FRACTION]
+            return [v for vid, v in sorted(self._volumes.items())
+                    if v.live_bytes < (v.end - VOLUME_HEADER.size) * COMPACT_LIVE_FRACTION
+                    and (vid != active or v.end >= self.volume_bytes // 4)]
 
     def compact(self, max_volumes: int | None = None) -> CompactResult:
         """Copy the live records of compactable volumes to the newest one and delete
@@ -569,6 +572,9 @@ class FragmentStore:
         out = CompactResult()
         with self._compact_lock:
             for vol in self.compactable()[:max_volumes]:
+                with self._lock:
+                    if vol.vid == max(self._volumes):   # appends move to a new volume
+                        self._new_volume()
                 self._compact_one(vol, out)
         return out
 

@@ -447,3 +447,28 @@ def test_the_offline_scan_sees_every_fragment_while_a_compaction_runs(
     seen = stored_fragments(tmp_path)
     assert compactions and compactions[0].volumes == 1
     assert sorted(seen) == s.list("", 100) == [f"f{i}.0.0" for i in range(2, 6)]
+
+
+def test_the_volume_being_written_is_compacted_too_once_big_and_mostly_dead(
+        tmp_path: Path) -> None:
+    """A disk can fill before its volume does: deletions in the volume still taking
+    records give their space back once it holds a quarter of a volume's size."""
+    s = FragmentStore(tmp_path, fsync=True, reserve_bytes=0, volume_bytes=256 * 1024)
+    for i in range(8):
+        put(s, f"a{i}.0.0", body_of(f"a{i}", 5000))
+    for i in range(7):
+        s.delete(f"a{i}.0.0")
+    assert s.compactable() == []              # 40 KB: under a quarter of 256 KiB
+    for i in range(12):
+        put(s, f"b{i}.0.0", body_of(f"b{i}", 5000))
+    for i in range(12):
+        s.delete(f"b{i}.0.0")
+    [only] = volume_files(tmp_path)
+    assert [v.path for v in s.compactable()] == [str(only)]
+    assert s.compact().volumes == 1
+    assert not only.exists() and len(volume_files(tmp_path)) == 1
+    assert contents(s) == {"a7.0.0": body_of("a7", 5000)}
+    assert s.disk()["dead_bytes"] < 5000
+    put(s, "c.0.0", b"after")
+    assert contents(reopen(s, volume_bytes=256 * 1024)) == {
+        "a7.0.0": body_of("a7", 5000), "c.0.0": b"after"}
