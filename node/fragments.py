@@ -60,6 +60,7 @@ import struct
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -566,19 +567,22 @@ class FragmentStore:
                     if v.live_bytes < (v.end - VOLUME_HEADER.size) * COMPACT_LIVE_FRACTION
                     and (vid != active or v.end >= self.volume_bytes // 4)]
 
-    def compact(self, max_volumes: int | None = None) -> CompactResult:
+    def compact(self, max_volumes: int | None = None,
+                pace: Callable[[int], None] | None = None) -> CompactResult:
         """Copy the live records of compactable volumes to the newest one and delete
-        them; blocking, one compaction at a time."""
+        them; blocking, one compaction at a time. `pace(n)` is called after each record
+        of n bytes is copied (the storage node sleeps in it to hold a rate)."""
         out = CompactResult()
         with self._compact_lock:
             for vol in self.compactable()[:max_volumes]:
                 with self._lock:
                     if vol.vid == max(self._volumes):   # appends move to a new volume
                         self._new_volume()
-                self._compact_one(vol, out)
+                self._compact_one(vol, out, pace)
         return out
 
-    def _compact_one(self, vol: Volume, out: CompactResult) -> None:
+    def _compact_one(self, vol: Volume, out: CompactResult,
+                     pace: Callable[[int], None] | None) -> None:
         with self._lock:
             live = [(f, loc) for f, loc in self._index.items() if loc.vol is vol]
             # A tombstone is kept while a volume other than this one may hold an older
@@ -602,6 +606,8 @@ class FragmentStore:
             self._write(dest, off, [prefix, memoryview(raw)[RECORD_PREFIX.size:]],
                         loc.length)
             moved.append((fid, loc, Loc(dest, off, loc.length, loc.seq), deleted))
+            if pace is not None:
+                pace(loc.length)
         if self.fsync:
             for dest in {new.vol for _, _, new, _ in moved}:
                 dest.sync()

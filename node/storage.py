@@ -10,7 +10,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from node.scrub import (
     DEFAULT_SCRUB_START_DELAY_S,
     Scrubber,
     ScrubStats,
+    pacing_pause_s,
     scrub_loop,
     scrub_now,
 )
@@ -45,6 +46,7 @@ from store.wire import pack, pack_header, unpack_header
 
 log = logging.getLogger("ecstore.storage")
 MAX_FRAGMENT_BYTES = 80 * 1024 * 1024
+DEFAULT_COMPACT_RATE_MB_S = 64.0
 MAX_LIST_LIMIT = 10_000
 
 
@@ -62,6 +64,7 @@ class StorageConfig:
     reserve_bytes: int | None = None  # refuse fragments below this much free; None: 1%, max 1 GiB
     volume_bytes: int = DEFAULT_VOLUME_BYTES    # a volume file takes no records past this
     compact_interval_s: float = 10.0            # how often to look for volumes to compact
+    compact_rate_mb_s: float = DEFAULT_COMPACT_RATE_MB_S    # copying live records, at most
     observability: ObservabilityConfig = ObservabilityConfig()
 
 
@@ -200,15 +203,28 @@ def scrub_metrics(stats: ScrubStats) -> Families:
                 "pass ended (unix time).", s["last_pass_completed_at"])
 
 
+def paced(rate_mb_s: float) -> Callable[[int], None]:
+    """A compaction's pace(n): sleeps so that the bytes copied so far stay at or under
+    the rate (scrub's pacing rule)."""
+    start, total = time.monotonic(), 0
+
+    def pace(n: int) -> None:
+        nonlocal total
+        total += n
+        time.sleep(pacing_pause_s(total, time.monotonic() - start, rate_mb_s * 1e6))
+    return pace
+
+
 async def compact_loop(app: web.Application) -> None:
-    """Compact volumes that are less than half live, one at a time, every interval."""
-    store = app[STORE]
+    """Compact volumes that are less than half live, one at a time, every interval, at
+    no more than the configured rate."""
+    store, cfg = app[STORE], app[CONFIG]
     while True:
-        await asyncio.sleep(app[CONFIG].compact_interval_s)
+        await asyncio.sleep(cfg.compact_interval_s)
         if not store.compactable():
             continue
         try:
-            r = await _in_thread(store.compact, 1)
+            r = await _in_thread(store.compact, 1, paced(cfg.compact_rate_mb_s))
         except Exception:   # a full disk, an I/O error: logged, tried again later
             log.exception("volume compaction failed")
             continue
@@ -282,6 +298,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reserve-mb", type=float, default=None,
                    help="free space kept on the disk: fragments that would leave less are "
                    "refused with 507 (default 1%% of the disk, at most 1024)")
+    p.add_argument("--compact-rate-mb-s", type=float, default=DEFAULT_COMPACT_RATE_MB_S,
+                   help="how fast volume compaction may copy live records (default "
+                   "%(default)g)")
     p.add_argument("--volume-mb", type=float, default=DEFAULT_VOLUME_BYTES / 2**20,
                    help="size at which a volume file stops taking fragments and a new one "
                    "is started (default %(default)g)")
@@ -290,6 +309,8 @@ def main(argv: list[str] | None = None) -> None:
         p.error("--scrub-rate-mb-s and --scrub-interval-s must not be negative")
     if a.reserve_mb is not None and a.reserve_mb < 0:
         p.error("--reserve-mb must not be negative")
+    if a.compact_rate_mb_s <= 0:
+        p.error("--compact-rate-mb-s must be positive")
     if not 1 <= a.volume_mb <= 1024 * 1024:
         p.error("--volume-mb must be between 1 and 1048576")
     cfg = StorageConfig(a.id, a.data, secret_from_env(), a.host, a.port, not a.no_fsync,
@@ -297,6 +318,7 @@ def main(argv: list[str] | None = None) -> None:
                         scrub_pass_interval_s=a.scrub_interval_s,
                         reserve_bytes=None if a.reserve_mb is None else int(a.reserve_mb * 2**20),
                         volume_bytes=int(a.volume_mb * 2**20),
+                        compact_rate_mb_s=a.compact_rate_mb_s,
                         observability=observability_config(a))
     run(make_app(cfg), cfg.host, cfg.port)
 

@@ -3,6 +3,9 @@ what survives a reopen, a crash mid-write, damaged headers, compaction and the o
 file-per-fragment layout."""
 from __future__ import annotations
 
+import asyncio
+import errno
+import json
 import os
 import random
 import struct
@@ -12,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from node import fragments, storage
 from node.fragments import (
     MAGIC,
     RECORD_MAGIC,
@@ -20,8 +24,10 @@ from node.fragments import (
     stored_fragments,
 )
 from store.digest import digest
-from store.errors import Corrupt, NotFound
+from store.errors import Corrupt, InsufficientStorage, NotFound
+from store.transport import Transport
 from store.wire import pack
+from tests.functional.harness import run
 
 
 def body_of(fid: str, size: int = 3000) -> bytes:
@@ -283,7 +289,6 @@ def test_a_put_racing_compaction_wins_now_and_after_a_reopen(
     compaction's copy of the old one does: the copy sits after the new record on disk,
     and it must lose - in the index now (the copy is not swapped in) and when the volumes
     are read again at open (the higher seq wins, not the later offset)."""
-    from node import fragments
     s = FragmentStore(tmp_path, fsync=True, reserve_bytes=0, volume_bytes=32 * 1024)
     put(s, "x.0.0", b"old")
     for i in range(10):
@@ -319,11 +324,7 @@ def test_a_storage_node_compacts_in_the_background_and_reports_its_volumes(
         tmp_path: Path) -> None:
     """Over HTTP, a real node: deletes leave dead bytes, the background compaction gives
     the space back, and every fragment left reads back whole."""
-    import asyncio
-    import json
 
-    from store.transport import Transport
-    from tests.functional.harness import run
 
     async def status(t: Transport, url: str) -> dict[str, int]:
         return json.loads((await t.request("GET", url, "/v1/status")).body)
@@ -358,10 +359,7 @@ def test_a_write_that_fails_part_way_never_shadows_the_good_copy(
     """The disk fills during a put that replaces x: half its record reaches the file,
     then ENOSPC. The put fails (507), and neither now nor after a reopen does that half
     record stand in for x's good copy."""
-    import errno
 
-    from node import fragments
-    from store.errors import InsufficientStorage
     s = FragmentStore(tmp_path, fsync=True, reserve_bytes=0)
     put(s, "x.0.0", b"old and good")
     real_os = fragments.os
@@ -428,17 +426,17 @@ def test_the_offline_scan_sees_every_fragment_while_a_compaction_runs(
     """stored_fragments reads the files beside a running node: a compaction that moves a
     record out of a volume it has just read (into a volume it may not have listed) makes
     it read again, never leave the fragment out."""
-    from node import fragments
     s = FragmentStore(tmp_path, fsync=False, reserve_bytes=0, volume_bytes=64 * 1024)
     for i in range(6):                       # volumes of three records each
         put(s, f"f{i}.0.0", body_of(f"f{i}", 20_000))
     s.delete("f0.0.0")
     s.delete("f1.0.0")
     real = fragments._scan_records
-    compactions = []
+    compactions: list[fragments.CompactResult] = []
 
-    def scan_then_compact(vol: object, size: int) -> object:
-        out = real(vol, size)  # type: ignore[arg-type]
+    def scan_then_compact(vol: fragments.Volume, size: int
+                          ) -> tuple[list[tuple[int, str, int, bool, int]], int, int]:
+        out = real(vol, size)
         if not compactions:
             compactions.append(s.compact())
         return out
@@ -472,3 +470,34 @@ def test_the_volume_being_written_is_compacted_too_once_big_and_mostly_dead(
     put(s, "c.0.0", b"after")
     assert contents(reopen(s, volume_bytes=256 * 1024)) == {
         "a7.0.0": body_of("a7", 5000), "c.0.0": b"after"}
+
+
+def test_compaction_is_paced_record_by_record(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    s = FragmentStore(tmp_path, fsync=False, reserve_bytes=0, volume_bytes=32 * 1024)
+    for i in range(12):
+        put(s, f"p{i}.0.0", body_of(f"p{i}", 5000))
+    for i in range(12):
+        if i % 3:
+            s.delete(f"p{i}.0.0")
+    calls: list[int] = []
+    r = s.compact(pace=calls.append)
+    assert r.records_moved >= 2 and len(calls) >= r.records_moved
+    assert sum(calls) == r.bytes_moved
+    # the node's pace sleeps what keeps the bytes copied so far under the rate
+    slept: list[float] = []
+    monkeypatch.setattr(storage.time, "sleep", slept.append)
+    pace = storage.paced(1.0)                 # 1 MB/s
+    pace(500_000)
+    pace(500_000)
+    assert 0.4 < slept[0] <= 0.5 and 0.9 < slept[1] <= 1.0
+
+
+@pytest.mark.parametrize("flag", [["--compact-rate-mb-s", "0"], ["--volume-mb", "0.5"],
+                                  ["--compact-rate-mb-s", "-3"]])
+def test_the_storage_node_refuses_bad_volume_flags(flag: list[str],
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        storage.main(["--id", "s1", "--data", "/nonexistent", "--port", "0", *flag])
+    assert exc.value.code == 2
+    assert flag[0] in capsys.readouterr().err
