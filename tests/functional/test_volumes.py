@@ -501,3 +501,27 @@ def test_the_storage_node_refuses_bad_volume_flags(flag: list[str],
         storage.main(["--id", "s1", "--data", "/nonexistent", "--port", "0", *flag])
     assert exc.value.code == 2
     assert flag[0] in capsys.readouterr().err
+
+
+def test_a_crash_before_a_compacted_volume_is_deleted_loses_and_revives_nothing(
+        tmp_path: Path) -> None:
+    """Compaction syncs its copies, then deletes the old volume. A crash between the two
+    leaves both on disk: opening them must give the same fragments (a copy and its
+    original have the same seq), not bring deleted ones back."""
+    s = FragmentStore(tmp_path, fsync=True, reserve_bytes=0, volume_bytes=32 * 1024)
+    want = {}
+    for i in range(12):
+        fid = f"k{i:02d}.0.0"
+        want[fid] = put(s, fid, body_of(fid, 5000))
+    for i in range(12):
+        if i % 3:
+            s.delete(f"k{i:02d}.0.0")
+            del want[f"k{i:02d}.0.0"]
+    saved = {p.name: p.read_bytes() for p in volume_files(tmp_path)}
+    r = s.compact()
+    assert r.volumes >= 1
+    for name, raw in saved.items():          # the deletions never reached the disk
+        if not (tmp_path / "volumes" / name).exists():
+            (tmp_path / "volumes" / name).write_bytes(raw)
+    assert contents(s) == want
+    assert contents(reopen(s, volume_bytes=32 * 1024)) == want
