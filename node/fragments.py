@@ -108,11 +108,12 @@ class Volume:
     while a compaction retires the volume."""
 
     __slots__ = ("vid", "path", "fd", "salt", "min_seq", "end", "live_bytes",
-                 "_sync_cv", "_ticket", "_synced", "_syncing")
+                 "_salt_crc", "_sync_cv", "_ticket", "_synced", "_syncing")
 
     def __init__(self, vid: int, path: str, fd: int, salt: bytes, min_seq: int,
                  end: int) -> None:
         self.vid, self.path, self.fd, self.salt = vid, path, fd, salt
+        self._salt_crc = zlib.crc32(salt)
         self.min_seq = min_seq      # lowest seq of any record in it (tombstones' rule)
         self.end = end              # where the next record goes (reserved, maybe unwritten)
         self.live_bytes = 0         # bytes of records the index points at
@@ -125,7 +126,7 @@ class Volume:
             os.close(self.fd)
 
     def header_crc(self, header: bytes | memoryview) -> int:
-        return zlib.crc32(header, zlib.crc32(self.salt))
+        return zlib.crc32(header, self._salt_crc)
 
     def sync(self) -> None:
         """fdatasync covering every write that finished before this call: concurrent
@@ -227,17 +228,13 @@ class FragmentStore:
             self._new_volume()
 
     def _scan_volume(self, vid: int, path: str, last: bool) -> Volume | None:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        size = os.fstat(fd).st_size
-        head = os.pread(fd, VOLUME_HEADER.size, 0)
-        if len(head) < VOLUME_HEADER.size or head[:8] != VOLUME_MAGIC:
-            os.close(fd)
+        vol = _open_volume(vid, path, os.O_RDWR)
+        if vol is None:
             log.error("volume %s has no valid header: left alone (its fragments are missing "
                       "here until repair rebuilds them), not read", path)
             return None
-        _, salt, made_seq = VOLUME_HEADER.unpack(head)
-        vol = Volume(vid, path, fd, salt, made_seq, size)
-        self._seq = max(self._seq, made_seq)
+        size = vol.end
+        self._seq = max(self._seq, vol.min_seq)     # the seq it was made at, so far
         records, good_end, skipped = _scan_records(vol, size)
         for pos, fid, seq, deleted, length in records:
             self._apply(fid, Loc(vol, pos, length, seq), deleted)
@@ -249,7 +246,7 @@ class FragmentStore:
             if last:    # a record cut short by a crash: appends continue after the good ones
                 log.warning("volume %s: cut off %d bytes of an unfinished record",
                             path, size - good_end)
-                os.ftruncate(fd, good_end)
+                os.ftruncate(vol.fd, good_end)
                 vol.end = good_end
             else:
                 log.error("volume %s: %d bytes at its end are not a whole record",
@@ -372,16 +369,16 @@ class FragmentStore:
             header = pack({"fid": fid, "seq": seq, "checksum": checksum,
                            "size": len(body), "meta": meta})
             length = RECORD_PREFIX.size + len(header) + len(body)
-            vol = self._active(length)
+            vol = self._active(length)      # may be new: made after seq was taken
             off = vol.end
             vol.end += length
+            vol.min_seq = min(vol.min_seq, seq)
         prefix = RECORD_PREFIX.pack(RECORD_MAGIC, len(header), vol.header_crc(header))
         self._write(vol, off, [prefix, header, body], length)
         if self.fsync and sync:
             vol.sync()
         loc = Loc(vol, off, length, seq)
         with self._lock:
-            vol.min_seq = min(vol.min_seq, seq)
             old = self._index.get(fid)
             if old is not None and old.seq > seq:   # a later put of it finished first
                 return True
@@ -632,6 +629,18 @@ class FragmentStore:
                  sum(1 for m in moved if not m[3]), sum(1 for m in moved if m[3]))
 
 
+def _open_volume(vid: int, path: str, flags: int) -> Volume | None:
+    """A volume file opened with `flags`, its end at the file's size; None (and closed)
+    when it has no valid volume header."""
+    fd = os.open(path, flags | os.O_CLOEXEC)
+    head = os.pread(fd, VOLUME_HEADER.size, 0)
+    if len(head) < VOLUME_HEADER.size or head[:8] != VOLUME_MAGIC:
+        os.close(fd)
+        return None
+    _, salt, made_seq = VOLUME_HEADER.unpack(head)
+    return Volume(vid, path, fd, salt, made_seq, os.fstat(fd).st_size)
+
+
 def _scan_records(vol: Volume, size: int
                   ) -> tuple[list[tuple[int, str, int, bool, int]], int, int]:
     """Every whole, checked record of a volume file of `size` bytes, as (offset, fid,
@@ -685,16 +694,13 @@ def _scan_dir(vdir: Path, names: list[str]) -> dict[str, tuple[str, int, int]] |
     for name in names:      # in volume order; of equal seqs the later (a moved copy) wins
         path = str(vdir / name)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            vol = _open_volume(0, path, os.O_RDONLY)    # closes its fd when dropped
         except FileNotFoundError:   # compacted away meanwhile
             return None
-        head = os.pread(fd, VOLUME_HEADER.size, 0)
-        if len(head) < VOLUME_HEADER.size or head[:8] != VOLUME_MAGIC:
-            os.close(fd)
+        if vol is None:
             continue
-        _, salt, made_seq = VOLUME_HEADER.unpack(head)
-        vol = Volume(0, path, fd, salt, made_seq, 0)    # closes fd when dropped
-        records, _, _ = _scan_records(vol, os.fstat(fd).st_size)
+        fd = vol.fd
+        records, _, _ = _scan_records(vol, vol.end)
         for pos, fid, seq, deleted, length in records:
             if fid not in best or best[fid][0] <= seq:
                 hlen = RECORD_PREFIX.unpack(os.pread(fd, RECORD_PREFIX.size, pos))[1]
