@@ -107,7 +107,7 @@ class Volume:
     last reference goes (CPython frees it at once), so a reader holding a Loc may read
     while a compaction retires the volume."""
 
-    __slots__ = ("vid", "path", "fd", "salt", "min_seq", "end", "live_bytes",
+    __slots__ = ("vid", "path", "fd", "salt", "min_seq", "end", "live_bytes", "writers",
                  "_salt_crc", "_sync_cv", "_ticket", "_synced", "_syncing")
 
     def __init__(self, vid: int, path: str, fd: int, salt: bytes, min_seq: int,
@@ -117,6 +117,7 @@ class Volume:
         self.min_seq = min_seq      # lowest seq of any record in it (tombstones' rule)
         self.end = end              # where the next record goes (reserved, maybe unwritten)
         self.live_bytes = 0         # bytes of records the index points at
+        self.writers = 0            # puts and deletes with a place reserved, not done yet
         self._sync_cv = threading.Condition()
         self._ticket = self._synced = 0
         self._syncing = False
@@ -189,6 +190,7 @@ class FragmentStore:
             d.mkdir(parents=True, exist_ok=True)
         # guards the index, the volumes and the counts; file I/O happens outside it
         self._lock = threading.Lock()
+        self._written = threading.Condition(self._lock)    # a volume's writers went to 0
         self._compact_lock = threading.Lock()
         self._index: dict[str, Loc] = {}
         self._tombs: dict[str, Loc] = {}    # the newest record of a deleted fragment
@@ -369,16 +371,19 @@ class FragmentStore:
             header = pack({"fid": fid, "seq": seq, "checksum": checksum,
                            "size": len(body), "meta": meta})
             length = RECORD_PREFIX.size + len(header) + len(body)
-            vol = self._active(length)      # may be new: made after seq was taken
-            off = vol.end
-            vol.end += length
-            vol.min_seq = min(vol.min_seq, seq)
-        prefix = RECORD_PREFIX.pack(RECORD_MAGIC, len(header), vol.header_crc(header))
-        self._write(vol, off, [prefix, header, body], length)
-        if self.fsync and sync:
-            vol.sync()
+            vol, off = self._reserve(length, seq)   # vol may be new: made after seq
+        try:
+            prefix = RECORD_PREFIX.pack(RECORD_MAGIC, len(header), vol.header_crc(header))
+            self._write(vol, off, [prefix, header, body], length)
+            if self.fsync and sync:
+                vol.sync()
+        except BaseException:
+            with self._lock:
+                self._done(vol)
+            raise
         loc = Loc(vol, off, length, seq)
         with self._lock:
+            self._done(vol)     # in the same locked step as the index: no gap between
             old = self._index.get(fid)
             if old is not None and old.seq > seq:   # a later put of it finished first
                 return True
@@ -395,6 +400,23 @@ class FragmentStore:
                 old.vol.live_bytes -= old.length
                 self.bytes -= old.length
         return old is not None
+
+    def _reserve(self, length: int, seq: int) -> tuple[Volume, int]:
+        """The volume and offset for a record of `length` bytes, counted among the
+        volume's writers until _done; under self._lock. Compaction retires a volume only
+        once its writers are done: one still writing would be left out of the copy."""
+        vol = self._active(length)
+        off = vol.end
+        vol.end += length
+        vol.min_seq = min(vol.min_seq, seq)
+        vol.writers += 1
+        return vol, off
+
+    def _done(self, vol: Volume) -> None:
+        """A write reserved with _reserve is finished (or failed); under self._lock."""
+        vol.writers -= 1
+        if vol.writers == 0:
+            self._written.notify_all()
 
     def _write(self, vol: Volume, off: int, parts: list[Any], length: int) -> None:
         """Write a record's parts at off; a short write (the disk filling) is finished or
@@ -417,15 +439,12 @@ class FragmentStore:
 
     def _append_tombstone(self, fid: str) -> tuple[Volume, int, list[bytes], int]:
         """Reserve a tombstone for fid in the active volume; under self._lock. The caller
-        writes it (outside the lock)."""
+        writes it, then calls _done(vol)."""
         seq = self._seq
         self._seq += 1
         header = pack({"fid": fid, "seq": seq, "deleted": True})
         length = RECORD_PREFIX.size + len(header)
-        vol = self._active(length)
-        off = vol.end
-        vol.end += length
-        vol.min_seq = min(vol.min_seq, seq)
+        vol, off = self._reserve(length, seq)
         self._tombs[fid] = Loc(vol, off, length, seq)
         prefix = RECORD_PREFIX.pack(RECORD_MAGIC, len(header), vol.header_crc(header))
         return vol, off, [prefix, header], length
@@ -448,6 +467,9 @@ class FragmentStore:
             self._write(vol, off, parts, length)
         except (OSError, InsufficientStorage) as exc:   # gone until a restart, then gc's
             log.error("could not write the deletion of %s: %s", fid, exc)
+        finally:
+            with self._lock:
+                self._done(vol)
 
     # ---- reads ----------------------------------------------------------------------
     def _locate(self, fid: str) -> Loc:
@@ -522,6 +544,8 @@ class FragmentStore:
                 self._write(vol, off, parts, length)
             except (OSError, InsufficientStorage) as exc:  # back after a restart: scrub
                 log.error("could not write the quarantine of %s: %s", fid, exc)
+            finally:
+                self._done(vol)     # written under the lock: compaction never saw it open
         return True
 
     def _quarantine_bytes(self, fid: str, raw: bytes) -> None:
@@ -575,6 +599,8 @@ class FragmentStore:
                 with self._lock:
                     if vol.vid == max(self._volumes):   # appends move to a new volume
                         self._new_volume()
+                    while vol.writers:   # sealed now; writes already placed in it finish
+                        self._written.wait()
                 self._compact_one(vol, out, pace)
         return out
 

@@ -525,3 +525,66 @@ def test_a_crash_before_a_compacted_volume_is_deleted_loses_and_revives_nothing(
             (tmp_path / "volumes" / name).write_bytes(raw)
     assert contents(s) == want
     assert contents(reopen(s, volume_bytes=32 * 1024)) == want
+
+
+@pytest.mark.parametrize("late", ["put", "delete"])
+def test_a_write_still_under_way_in_the_compacted_volume_is_not_lost(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, late: str) -> None:
+    """A put (or a delete's tombstone) took its place in the volume being appended to,
+    and is still writing it when a compaction seals that volume and copies its live
+    records out. Compaction must wait for it: an acknowledged put pointing into a deleted
+    volume reads until the process ends, then is gone; a tombstone read before its bytes
+    are written is copied as garbage, and the older copy it hid comes back."""
+    s = FragmentStore(tmp_path, fsync=True, reserve_bytes=0, volume_bytes=256 * 1024)
+    put(s, "old.0.0", b"old copy")
+    for i in range(4):
+        put(s, f"keep{i}.0.0")
+    with s._lock:
+        s._new_volume()       # the first volume stays mostly live: never compacted here
+    for i in range(14):
+        put(s, f"e{i}.0.0", body_of(f"e{i}", 5000))
+    for i in range(14):
+        s.delete(f"e{i}.0.0")
+    assert [v.vid for v in s.compactable()] == [max(s._volumes)]
+    real_os = fragments.os
+    started, release = threading.Event(), threading.Event()
+    marker = b"late body" if late == "put" else b"deleted"
+
+    class SlowOs:
+        def __getattr__(self, name: str) -> object:
+            return getattr(real_os, name)
+
+        def pwritev(self, fd: int, parts: list[bytes], off: int) -> int:
+            if any(marker in bytes(p) for p in parts) and not started.is_set():
+                started.set()
+                assert release.wait(30)
+            return real_os.pwritev(fd, parts, off)
+
+    monkeypatch.setattr(fragments, "os", SlowOs())
+    if late == "put":
+        writer = threading.Thread(target=put, args=(s, "late.0.0", b"late body"))
+    else:
+        writer = threading.Thread(target=s.delete, args=("old.0.0",))
+    writer.start()
+    assert started.wait(30)
+    outcome: list[object] = []
+
+    def compact() -> None:
+        try:
+            outcome.append(s.compact().volumes)
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            outcome.append(exc)
+
+    compactor = threading.Thread(target=compact)
+    compactor.start()
+    compactor.join(0.5)         # it may only finish once the write has (it waits)
+    release.set()
+    writer.join(30)
+    compactor.join(30)
+    monkeypatch.undo()
+    assert not writer.is_alive() and not compactor.is_alive()
+    assert outcome == [1]       # the volume was compacted, after the write was done
+    want = {f"keep{i}.0.0": body_of(f"keep{i}.0.0") for i in range(4)}
+    want.update({"late.0.0": b"late body", "old.0.0": b"old copy"} if late == "put" else {})
+    assert contents(s) == want
+    assert contents(reopen(s, volume_bytes=256 * 1024)) == want
