@@ -48,10 +48,10 @@ repair sees it missing.
 """
 from __future__ import annotations
 
+import bisect
 import builtins
 import contextlib
 import errno
-import heapq
 import logging
 import mmap
 import os
@@ -83,6 +83,7 @@ DEFAULT_RESERVE_MAX_BYTES = 1024 ** 3      # ... but never reserve more than 1 G
 DEFAULT_VOLUME_BYTES = 1024 ** 3           # a volume takes no new records past this size
 COMPACT_LIVE_FRACTION = 0.5                # compact a full volume once less is live
 MIGRATE_BATCH_BYTES = 256 * 1024 ** 2      # old fragment files moved per sync
+LIST_SNAPSHOT_S = 60.0                     # a listing's sorted ids are reused this long
 _RWF_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None) if hasattr(os, "preadv") else None
 FRAGMENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
 
@@ -195,6 +196,7 @@ class FragmentStore:
         self._index: dict[str, Loc] = {}
         self._tombs: dict[str, Loc] = {}    # the newest record of a deleted fragment
         self._volumes: dict[int, Volume] = {}
+        self._listing: tuple[float, builtins.list[str]] | None = None   # (made, sorted ids)
         self._seq = 0
         self.count = self.bytes = self.quarantined = 0
         t0 = time.monotonic()
@@ -575,10 +577,32 @@ class FragmentStore:
 
     # ---- listing and space ----------------------------------------------------------
     def list(self, after: str, limit: int) -> list[str]:
-        """Fragment ids sorted, strictly after `after`, at most `limit`."""
-        with self._lock:
-            ids = list(self._index)
-        return heapq.nsmallest(limit, (f for f in ids if f > after))
+        """Fragment ids sorted, strictly after `after`, at most `limit`.
+
+        Pages come from one sorted copy of the ids, made when a listing starts (`after`
+        empty) or the copy is LIST_SNAPSHOT_S old: a page costs its own length, not a
+        pass over every id (a whole listing of a million fragments took 21 s of CPU in
+        pages of 10,000 that way). Ids deleted since the copy are left out; an id put
+        since may be missing until the next copy, as it always could in a listing of
+        many pages (who lists read what must exist before they list: repair)."""
+        now = time.monotonic()
+        snap = self._listing
+        if snap is None or not after or now - snap[0] > LIST_SNAPSHOT_S:
+            with self._lock:
+                ids = builtins.list(self._index)
+            ids.sort()
+            snap = self._listing = (now, ids)
+        ids = snap[1]
+        out: builtins.list[str] = []
+        i = bisect.bisect_right(ids, after)
+        index = self._index
+        while len(out) < limit and i < len(ids):
+            if ids[i] in index:
+                out.append(ids[i])
+            i += 1
+        if i >= len(ids) and self._listing is snap:
+            self._listing = None    # a listing's last page: its memory back
+        return out
 
     def disk(self) -> dict[str, int]:
         st = os.statvfs(self.vdir)

@@ -87,6 +87,43 @@ def test_list_is_sorted_paged_and_leaves_out_deleted(tmp_path: Path) -> None:
     assert s.list(ids[-1], 10) == []
 
 
+def test_a_listing_in_pages_while_fragments_come_and_go(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pages come from a sorted copy of the ids made when the listing starts: every id
+    there throughout is listed once, in order; one deleted meanwhile is left out; a new
+    listing (or a copy grown old) sees ids put since."""
+    s = FragmentStore(tmp_path, fsync=False, reserve_bytes=0)
+    ids = [f"w{i:04d}.0.0" for i in range(0, 2000, 2)]
+    for fid in ids:
+        put(s, fid, b"x")
+    listed: list[str] = []
+    new: set[str] = set()
+    deleted: set[str] = set()
+    after = ""
+    for n in range(1000):                 # bounded: 1,000 ids in pages of 7
+        page = s.list(after, 7)
+        if not page:
+            break
+        listed += page
+        after = page[-1]
+        new.add(f"w{2 * n + 1:04d}.0.0")             # between pages: a put of an id
+        put(s, f"w{2 * n + 1:04d}.0.0", b"new")      # sorting among those left to list
+        ahead = ids.index(after) + 13
+        if n % 5 == 0 and ahead < len(ids):
+            deleted.add(ids[ahead])                  # and a deletion of one not listed yet
+            s.delete(ids[ahead])
+    survivors = [f for f in ids if f not in deleted]
+    assert [f for f in listed if f in set(ids)] == survivors
+    assert not deleted & set(listed)
+    assert listed == sorted(listed) and len(set(listed)) == len(listed)
+    assert s.list("", 10_000) == sorted(set(ids) - deleted | new)
+    assert s.list("", 1) == ["w0000.0.0"]     # a new listing: a new copy
+    put(s, "w0000.5.5", b"late")              # sorts early; the copy is reused ...
+    assert "w0000.5.5" not in s.list("w0000.0.0", 3)
+    monkeypatch.setattr(fragments, "LIST_SNAPSHOT_S", 0.0)   # ... until it grows old
+    assert s.list("w0000.0.0", 1) == ["w0000.5.5"]
+
+
 def test_a_record_cut_short_by_a_crash_is_cut_off_and_appends_continue(
         tmp_path: Path) -> None:
     s = FragmentStore(tmp_path, fsync=True, reserve_bytes=0)
