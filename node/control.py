@@ -5,6 +5,7 @@ docs/PROTOCOL.md and docs/OBSERVABILITY.md.
 """
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import AsyncIterator
@@ -14,8 +15,9 @@ from typing import Any
 
 from aiohttp import web
 
+from node.logs import log_event, request_log
 from node.metadb import MAP_KEY, GroupCommit, MetaDB, View, access_key, bucket_key, newest, object_key
-from node.metrics import Families, ObservabilityConfig, counter, gauge, observability_config
+from node.metrics import REQUEST_ID, Families, ObservabilityConfig, counter, gauge, observability_config
 from node.server import (
     OBSERVER,
     make_base_app,
@@ -26,13 +28,15 @@ from node.server import (
     verified_body,
 )
 from placement.cluster_map import ClusterMap
-from store.errors import BadRequest, Conflict, NotFound
+from store.errors import BadRequest, Conflict, EcstoreError, NotFound
 from store.listing import MAX_ROLLED_DELIMITER_BYTES
 from store.names import OPS_BUCKET, WORKER_OPS, check_bucket_name, check_key
+from store.transport import REQUEST_ID_RE
 from store.wire import MAX_RECORD_BYTES, pack, unpack
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_SCAN_LIMIT = 10_000
+MAX_BATCH_ITEMS = 256          # records in one POST /v1/objects
 REQUIRED_FIELDS = {"ts": int, "version_id": str, "deleted": bool}
 
 
@@ -57,7 +61,11 @@ def msgpack_response(value: Any, status: int = 200) -> web.Response:
 
 
 async def read_record(request: web.Request) -> dict[str, Any]:
-    record = unpack(await verified_body(request), MAX_RECORD_BYTES)
+    return checked_record(await verified_body(request))
+
+
+def checked_record(raw: bytes) -> dict[str, Any]:
+    record = unpack(raw, MAX_RECORD_BYTES)
     if not isinstance(record, dict):
         raise BadRequest("record must be a map")
     for field, typ in REQUIRED_FIELDS.items():
@@ -77,6 +85,47 @@ async def put_object(request: web.Request) -> web.Response:
     applied, current = await request.app[COMMIT].apply(newest(object_key(bucket, key), record))
     return msgpack_response({"applied": applied, "ts": current["ts"],
                              "version_id": current["version_id"]})
+
+
+async def put_objects(request: web.Request) -> web.Response:
+    """POST /v1/objects: many object record puts in one request - a client sends the
+    writes that queued up for this node while its previous one was on the way. Body: a
+    list of [bucket, key, packed record, request id]; each is checked and applied as
+    PUT /v1/objects/{bucket}/{key} would be, all in one group commit. Reply: [status,
+    body] per item, in order (200 and {applied, ts, version_id}, or the error's status
+    and body): a bad item fails alone. One log line names every item's request id."""
+    items = unpack(await verified_body(request), MAX_BODY_BYTES)
+    if not isinstance(items, list) or not 0 < len(items) <= MAX_BATCH_ITEMS:
+        raise BadRequest(f"body must be a list of 1 to {MAX_BATCH_ITEMS} items")
+    out: list[list[Any]] = [[0, None]] * len(items)
+    mutations, at, ids = [], [], []
+    for i, item in enumerate(items):
+        rid = item[3] if isinstance(item, list) and len(item) == 4 else None
+        if isinstance(rid, str) and REQUEST_ID_RE.fullmatch(rid):
+            ids.append(rid)
+        try:
+            if not (isinstance(item, list) and len(item) == 4 and isinstance(item[0], str)
+                    and isinstance(item[1], str) and isinstance(item[2], bytes)):
+                raise BadRequest("an item must be [bucket, key, packed record, request id]")
+            bucket, key, raw, _ = item
+            k = object_key(check_bucket_name(bucket, system_ok=True), check_key(key))
+            mutations.append(newest(k, checked_record(raw)))
+            at.append(i)
+        except EcstoreError as exc:
+            out[i] = [exc.status, exc.to_body()]
+    for i, result in zip(at, await request.app[COMMIT].apply_many(mutations)):
+        if isinstance(result, EcstoreError):
+            out[i] = [result.status, result.to_body()]
+        elif isinstance(result, BaseException):
+            raise result
+        else:
+            applied, current = result
+            out[i] = [200, {"applied": applied, "ts": current["ts"],
+                            "version_id": current["version_id"]}]
+    log_event(request_log, logging.INFO, "batch",   # who to find it by: grep any id
+              {"request_id": request.get(REQUEST_ID, "-"), "items": len(items),
+               "request_ids": ",".join(ids) or "-"})
+    return msgpack_response(out)
 
 
 async def get_object(request: web.Request) -> web.Response:
@@ -367,6 +416,7 @@ def make_app(config: ControlConfig) -> web.Application:
         web.post("/v1/access", record_access),
         web.get("/v1/access/{bucket}", list_access),
         web.put(obj, put_object),
+        web.post("/v1/objects", put_objects),
         web.get(obj, get_object),
         web.delete(obj, purge_object),
         web.delete("/v1/records/{bucket}/{key:.+}", drop_record),

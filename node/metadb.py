@@ -206,6 +206,20 @@ class GroupCommit:
             asyncio.ensure_future(self._drain())
         return await fut
 
+    async def apply_many(self, fns: list[Mutation[Any]], lazy: bool = False
+                         ) -> list[Any | BaseException]:
+        """apply() of each, queued together (one batch, unless one is on its way): their
+        results or exceptions, in order."""
+        loop = asyncio.get_running_loop()
+        futs: list[asyncio.Future[Any]] = []
+        for fn in fns:
+            futs.append(loop.create_future())
+            self._queue.append(_Pending(fn, lazy, futs[-1]))
+        if futs and not self._running:
+            self._running = True
+            asyncio.ensure_future(self._drain())
+        return await asyncio.gather(*futs, return_exceptions=True)
+
     async def drained(self) -> None:
         """Wait until every queued mutation is written (before closing the database)."""
         while self._running or self._queue:

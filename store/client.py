@@ -389,7 +389,7 @@ class Client:
         nodes = cmap.control_nodes_for(f"{bucket}/{key}")
         w, _ = effective_quorums(cmap, len(nodes))
         try:
-            await self.meta.write(nodes, meta_path(bucket, key), record, w)
+            await self.meta.write(nodes, meta_path(bucket, key), record, w, (bucket, key))
         except Unavailable as exc:  # some replica may hold it: a later read may repair it in
             raise Unavailable(f"{exc.message}; the outcome of this write is unknown (it may "
                               "still appear)", **exc.details, outcome="unknown") from None
@@ -982,9 +982,9 @@ class _CountedQuorum(MetaQuorum):
         self.stats = stats
 
     async def write(self, nodes: tuple[Node, ...], path: str, record: dict[str, Any],
-                    needed: int) -> int:
+                    needed: int, object_name: tuple[str, str] | None = None) -> int:
         try:
-            return await super().write(nodes, path, record, needed)
+            return await super().write(nodes, path, record, needed, object_name)
         except Unavailable:
             self.stats["metadata_quorum_failures"] += 1
             raise

@@ -7,11 +7,14 @@ from typing import Any, TypeVar
 
 from placement.cluster_map import ClusterMap
 from placement.nodes import Node
-from store.errors import EcstoreError, Unavailable
-from store.transport import Transport
+from store.errors import EcstoreError, Unavailable, error_from_response
+from store.transport import Transport, quote_key, request_id
 from store.wire import pack, unpack
 
 META_TIMEOUT_S = 5.0
+BATCH_PATH = "/v1/objects"     # POST: many object records in one request (node/control.py)
+MAX_BATCH_ITEMS = 64
+MAX_BATCH_BYTES = 1024 * 1024
 SLOW_GRACE_S = 0.2   # how long to wait for the rest once enough nodes have answered
 T = TypeVar("T")
 
@@ -92,21 +95,131 @@ def newest(records: list[dict[str, Any] | None]) -> dict[str, Any] | None:
     return max(present, key=lambda r: (r["ts"], r["version_id"])) if present else None
 
 
+class _Queued:
+    __slots__ = ("bucket", "key", "body", "rid", "fut")
+
+    def __init__(self, bucket: str, key: str, body: bytes, fut: asyncio.Future[None]) -> None:
+        self.bucket, self.key, self.body, self.fut = bucket, key, body, fut
+        self.rid = request_id.get()
+
+
+class _Outbox:
+    """Object record writes to one control node: one request on its way at a time; the
+    writes that arrive meanwhile wait and go together in the next (POST /v1/objects),
+    so N concurrent writers cost the node and this client one request, not N."""
+    __slots__ = ("busy", "queue", "single_only")
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.queue: list[_Queued] = []
+        self.single_only = False     # the node has no batch route (an older version)
+
+
 class MetaQuorum:
     def __init__(self, transport: Transport, background: set[asyncio.Future[Any]]) -> None:
         self.t = transport
         self.background = background
+        self._outboxes: dict[str, _Outbox] = {}
+        self.batch_stats = {"requests": 0, "records": 0}
 
     async def write(self, nodes: tuple[Node, ...], path: str, record: dict[str, Any],
-                    needed: int) -> int:
-        """PUT record to every node; return once `needed` acked (the rest go on)."""
+                    needed: int, object_name: tuple[str, str] | None = None) -> int:
+        """PUT record to every node; return once `needed` acked (the rest go on).
+        `object_name` (bucket, key): an object's record, which may travel in a batch."""
         body = pack(record)
 
         async def one(node: Node) -> None:
-            await self.t.request("PUT", node.address, path, body=body, timeout_s=META_TIMEOUT_S)
+            if object_name is not None:
+                await self._put_object(node, path, object_name, body)
+            else:
+                await self.t.request("PUT", node.address, path, body=body,
+                                     timeout_s=META_TIMEOUT_S)
 
         tasks = [asyncio.ensure_future(one(n)) for n in nodes]
         return await self._quorum(tasks, needed, "write", path)
+
+    async def _put_object(self, node: Node, path: str, name: tuple[str, str],
+                          body: bytes) -> None:
+        """One object record to one node: at once on its own if nothing is on its way
+        to that node, else queued for the next batch."""
+        box = self._outboxes.get(node.address)
+        if box is None:
+            box = self._outboxes[node.address] = _Outbox()
+        if box.busy:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            box.queue.append(_Queued(name[0], name[1], body, fut))
+            await fut
+            return
+        box.busy = True
+        try:
+            await self.t.request("PUT", node.address, path, body=body, timeout_s=META_TIMEOUT_S)
+        finally:
+            self._next_batch(node, box)
+
+    def _next_batch(self, node: Node, box: _Outbox) -> None:
+        """Send what queued for this node (up to a batch's size), or mark it idle."""
+        if not box.queue:
+            box.busy = False
+            return
+        size, n = 0, 0
+        while n < min(len(box.queue), MAX_BATCH_ITEMS) and (n == 0 or size < MAX_BATCH_BYTES):
+            size += len(box.queue[n].body)
+            n += 1
+        items, box.queue = box.queue[:n], box.queue[n:]
+        self._spawn(self._send_batch(node, box, items))
+
+    async def _send_batch(self, node: Node, box: _Outbox, items: list[_Queued]) -> None:
+        try:
+            if len(items) > 1 and not box.single_only:
+                if await self._post_batch(node, items):
+                    return
+                box.single_only = True      # an older node, without the route: one by one
+            await asyncio.gather(*(self._send_one(node, q) for q in items))
+        finally:
+            self._next_batch(node, box)
+
+    async def _post_batch(self, node: Node, items: list[_Queued]) -> bool:
+        """Send items as one batch and settle each one's future; False (nothing settled)
+        if the node has no batch route."""
+        body = pack([[q.bucket, q.key, q.body, q.rid] for q in items])
+        try:
+            reply = await self.t.request("POST", node.address, BATCH_PATH, body=body,
+                                         timeout_s=META_TIMEOUT_S)
+            results = unpack(reply.body)
+            if not isinstance(results, list) or len(results) != len(items):
+                raise Unavailable(f"control node {node.id}: a batch reply of the wrong shape")
+        except EcstoreError as exc:
+            if exc.status == 404:   # no such route: a node older than batches
+                return False
+            for q in items:
+                if not q.fut.done():
+                    q.fut.set_exception(exc)
+            return True
+        self.batch_stats["requests"] += 1
+        self.batch_stats["records"] += len(items)
+        for q, (status, answer) in zip(items, results):
+            if q.fut.done():
+                continue
+            if status < 400:
+                q.fut.set_result(None)
+            else:
+                q.fut.set_exception(error_from_response(
+                    status, answer if isinstance(answer, dict) else None))
+        return True
+
+    async def _send_one(self, node: Node, q: _Queued) -> None:
+        token = request_id.set(q.rid)
+        try:
+            await self.t.request("PUT", node.address, f"/v1/objects/{q.bucket}/"
+                                 f"{quote_key(q.key)}", body=q.body, timeout_s=META_TIMEOUT_S)
+        except EcstoreError as exc:
+            if not q.fut.done():
+                q.fut.set_exception(exc)
+        else:
+            if not q.fut.done():
+                q.fut.set_result(None)
+        finally:
+            request_id.reset(token)
 
     async def read(self, nodes: tuple[Node, ...], path: str, needed: int,
                    repair: bool = True) -> dict[str, Any] | None:

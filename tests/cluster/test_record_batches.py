@@ -1,0 +1,166 @@
+"""Object records in batches (POST /v1/objects on a real control node): each item is
+decided as its own PUT would be, a bad item fails alone, and a client's concurrent
+writes to one node travel together without one being lost or misanswered."""
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from cli.localcluster import LocalCluster
+from store import metadata
+from store.client import Client
+from store.errors import Unavailable
+from store.transport import Transport
+from store.wire import pack, unpack
+from tests.cluster.conftest import wait_for
+
+
+def record(ts: int, **extra: object) -> dict[str, object]:
+    return {"ts": ts, "version_id": f"v{ts:08d}", "deleted": False, "size": 0, **extra}
+
+
+async def post(t: Transport, url: str, items: object) -> tuple[int, object]:
+    try:
+        reply = await t.request("POST", url, "/v1/objects", body=pack(items))
+    except Exception as exc:  # noqa: BLE001 - the status is what the test looks at
+        return getattr(exc, "status", 0), str(exc)
+    return reply.status, unpack(reply.body)
+
+
+def test_each_item_of_a_batch_is_decided_as_its_own_put(cluster: LocalCluster) -> None:
+    c1 = cluster.nodes["c1"].url
+
+    async def go() -> tuple[object, dict, object, int]:
+        t = Transport(cluster.secret)
+        try:
+            await t.request("PUT", c1, "/v1/objects/bkt/old", body=pack(record(500)))
+            status, replies = await post(t, c1, [
+                ["bkt", "new", pack(record(100)), "A1"],
+                ["bkt", "old", pack(record(400)), "A2"],        # older than what is there
+                ["Bad_Bucket!", "k", pack(record(100)), None],  # not a bucket name
+                ["bkt", "nofields", pack({"ts": 1}), "A4"],     # a record without fields
+                ["bkt", "notbytes", record(100), "A5"],         # the record not packed
+                ["bkt", "new2", pack(record(101)), "A6"],
+            ])
+            assert status == 200
+            new = unpack((await t.request("GET", c1, "/v1/objects/bkt/new")).body)
+            old = unpack((await t.request("GET", c1, "/v1/objects/bkt/old")).body)
+            missing = await t.request("GET", c1, "/v1/objects/bkt/nofields", ok_404=True)
+            return replies, {"new": new, "old": old}, missing.status, status
+        finally:
+            await t.close()
+
+    replies, got, missing, _ = asyncio.run(go())
+    assert isinstance(replies, list) and [r[0] for r in replies] == [200, 200, 400, 400, 400, 200]
+    assert replies[0][1] == {"applied": True, "ts": 100, "version_id": "v00000100"}
+    assert replies[1][1] == {"applied": False, "ts": 500, "version_id": "v00000500"}
+    assert replies[2][1]["error"] == "bad_request" and "bucket" in replies[2][1]["message"]
+    assert "version_id" in replies[3][1]["message"] or "missing" in replies[3][1]["message"]
+    assert "packed record" in replies[4][1]["message"]
+    assert got["new"]["ts"] == 100 and got["old"]["ts"] == 500
+    assert missing == 404
+    log = cluster.path.parent / "logs" / "c1.log"
+    wait_for(lambda: "batch request_id=" in log.read_text() and
+             "items=6 request_ids=A1,A2,A4,A5,A6" in log.read_text(),
+             what="the batch's log line")
+
+
+@pytest.mark.parametrize("body, why", [
+    ({"bkt": "x"}, "list"), ([], "list"), ([["b", "k", b"", "r"]] * 257, "list"),
+])
+def test_a_batch_that_is_not_a_list_of_items_is_refused(cluster: LocalCluster, body: object,
+                                                         why: str) -> None:
+    async def go() -> tuple[int, object]:
+        t = Transport(cluster.secret)
+        try:
+            return await post(t, cluster.nodes["c2"].url, body)
+        finally:
+            await t.close()
+    status, reply = asyncio.run(go())
+    assert status == 400 and why in str(reply)
+
+
+def test_an_unsigned_batch_is_refused(cluster: LocalCluster) -> None:
+    async def go() -> int:
+        async with aiohttp.ClientSession() as s:
+            async with s.post(cluster.nodes["c1"].url + "/v1/objects",
+                              data=pack([["bkt", "k", pack(record(1)), "x"]])) as r:
+                return r.status
+    assert asyncio.run(go()) == 401
+
+
+async def many_puts(cluster: LocalCluster, bucket: str, n: int) -> tuple[dict[str, int], bool]:
+    return await asyncio.wait_for(_many_puts(cluster, bucket, n), 120)
+
+
+async def _many_puts(cluster: LocalCluster, bucket: str, n: int) -> tuple[dict[str, int], bool]:
+    async with Client.connect(cluster.path) as c:
+        await c.create_bucket(bucket)
+        await asyncio.gather(*(c.put(bucket, f"k{i}", f"body {i}".encode()) for i in range(n)))
+        got = await asyncio.gather(*(c.get(bucket, f"k{i}") for i in range(n)))
+        assert [bytes(g) for g in got] == [f"body {i}".encode() for i in range(n)]
+        single_only = any(b.single_only for b in c.meta._outboxes.values())
+        return dict(c.meta.batch_stats), single_only
+
+
+def replicas_hold(cluster: LocalCluster, bucket: str, keys: list[str]) -> bool:
+    """Every running control node that the ring places a key on holds its record."""
+    async def go() -> bool:
+        t = Transport(cluster.secret)
+        try:
+            for node in ("c1", "c2", "c3"):
+                if node not in cluster.running():
+                    continue
+                for key in keys:
+                    r = await t.request("GET", cluster.nodes[node].url,
+                                        f"/v1/objects/{bucket}/{key}", ok_404=True)
+                    if r.status != 200:
+                        return False
+            return True
+        finally:
+            await t.close()
+    return asyncio.run(go())
+
+
+def test_concurrent_puts_travel_in_batches_and_every_one_lands(cluster: LocalCluster) -> None:
+    stats, single_only = asyncio.run(many_puts(cluster, "batched", 300))
+    assert not single_only
+    assert stats["records"] > 0 and stats["requests"] < stats["records"]   # shared
+    # three control nodes, replication 3: every node holds every record
+    wait_for(lambda: replicas_hold(cluster, "batched", [f"k{i}" for i in range(300)]),
+             what="every replica written")
+
+
+def test_a_node_without_the_batch_route_gets_the_records_one_by_one(
+        cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An older control node answers 404 to the batch: the client sends those records
+    one by one from then on, and nothing is lost."""
+    monkeypatch.setattr(metadata, "BATCH_PATH", "/v1/no-such-route")
+    stats, single_only = asyncio.run(many_puts(cluster, "unbatched", 200))
+    assert single_only and stats["requests"] == 0
+    wait_for(lambda: replicas_hold(cluster, "unbatched", [f"k{i}" for i in range(200)]),
+             what="every replica written")
+
+
+def test_batched_puts_go_on_with_a_control_node_down(cluster: LocalCluster,
+                                                     all_up: LocalCluster) -> None:
+    cluster.kill_node("c3")
+    stats, _ = asyncio.run(many_puts(cluster, "degraded", 200))
+    assert stats["requests"] > 0
+    assert replicas_hold(cluster, "degraded", [f"k{i}" for i in range(200)])
+
+
+def test_puts_fail_clearly_when_no_quorum_is_left(cluster: LocalCluster,
+                                                  all_up: LocalCluster) -> None:
+    async def go() -> list[BaseException | None]:
+        async with Client.connect(cluster.path) as c:
+            await c.create_bucket("quorumless")
+            await c.cluster_map()
+            cluster.kill_node("c2")
+            cluster.kill_node("c3")
+            return await asyncio.gather(*(c.put("quorumless", f"q{i}", b"x")
+                                          for i in range(20)), return_exceptions=True)
+    results = asyncio.run(asyncio.wait_for(go(), 120))
+    assert results and all(isinstance(r, Unavailable) for r in results)
