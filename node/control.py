@@ -128,6 +128,39 @@ async def put_objects(request: web.Request) -> web.Response:
     return msgpack_response(out)
 
 
+async def get_objects(request: web.Request) -> web.Response:
+    """POST /v1/objects/read: many object records in one request (a client's reads that
+    queued up for this node). Body: a list of [bucket, key, request id]. Reply: [status,
+    body] per item, in order: 200 and the packed record, 404 and an error body when
+    there is none, 400 for a bad name."""
+    items = unpack(await verified_body(request), MAX_BODY_BYTES)
+    if not isinstance(items, list) or not 0 < len(items) <= MAX_BATCH_ITEMS:
+        raise BadRequest(f"body must be a list of 1 to {MAX_BATCH_ITEMS} items")
+    db = request.app[DB]
+    out: list[list[Any]] = []
+    ids = []
+    for item in items:
+        rid = item[2] if isinstance(item, list) and len(item) == 3 else None
+        if isinstance(rid, str) and REQUEST_ID_RE.fullmatch(rid):
+            ids.append(rid)
+        try:
+            if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)
+                    and isinstance(item[1], str)):
+                raise BadRequest("an item must be [bucket, key, request id]")
+            bucket = check_bucket_name(item[0], system_ok=True)
+            key = check_key(item[1])
+            raw = db.db.get(object_key(bucket, key))
+            if raw is None:
+                raise NotFound(f"no record for {bucket}/{key}")
+            out.append([200, raw])      # the record as stored, packed
+        except EcstoreError as exc:
+            out.append([exc.status, exc.to_body()])
+    log_event(request_log, logging.INFO, "batch",
+              {"request_id": request.get(REQUEST_ID, "-"), "items": len(items),
+               "request_ids": ",".join(ids) or "-"})
+    return msgpack_response(out)
+
+
 async def get_object(request: web.Request) -> web.Response:
     bucket, key = _names(request)
     record = request.app[DB].get(object_key(bucket, key))
@@ -417,6 +450,7 @@ def make_app(config: ControlConfig) -> web.Application:
         web.get("/v1/access/{bucket}", list_access),
         web.put(obj, put_object),
         web.post("/v1/objects", put_objects),
+        web.post("/v1/objects/read", get_objects),
         web.get(obj, get_object),
         web.delete(obj, purge_object),
         web.delete("/v1/records/{bucket}/{key:.+}", drop_record),

@@ -594,7 +594,8 @@ class Client:
         nodes = cmap.metadata_nodes_for(f"{bucket}/{key}")  # + where it was, while it moves
         _, r = effective_quorums(cmap, len(owners))
         needed = min(len(nodes), r + len(nodes) - len(owners))
-        return await self.meta.read(nodes, meta_path(bucket, key), needed)
+        return await self.meta.read(nodes, meta_path(bucket, key), needed,
+                                    object_name=(bucket, key))
 
     @operation
     async def get(self, bucket: str, key: str, start: int | None = None,
@@ -990,9 +991,10 @@ class _CountedQuorum(MetaQuorum):
             raise
 
     async def read(self, nodes: tuple[Node, ...], path: str, needed: int,
-                   repair: bool = True) -> dict[str, Any] | None:
+                   repair: bool = True, object_name: tuple[str, str] | None = None
+                   ) -> dict[str, Any] | None:
         try:
-            return await super().read(nodes, path, needed, repair)
+            return await super().read(nodes, path, needed, repair, object_name)
         except Unavailable:
             self.stats["metadata_quorum_failures"] += 1
             raise

@@ -8,11 +8,11 @@ from typing import Any, TypeVar
 from placement.cluster_map import ClusterMap
 from placement.nodes import Node
 from store.errors import EcstoreError, Unavailable, error_from_response
-from store.transport import Transport, quote_key, request_id
+from store.transport import Transport, request_id
 from store.wire import pack, unpack
 
 META_TIMEOUT_S = 5.0
-BATCH_PATH = "/v1/objects"     # POST: many object records in one request (node/control.py)
+BATCH_PATHS = {"put": "/v1/objects", "get": "/v1/objects/read"}   # POST, node/control.py
 MAX_BATCH_ITEMS = 64
 MAX_BATCH_BYTES = 1024 * 1024
 SLOW_GRACE_S = 0.2   # how long to wait for the rest once enough nodes have answered
@@ -96,17 +96,20 @@ def newest(records: list[dict[str, Any] | None]) -> dict[str, Any] | None:
 
 
 class _Queued:
-    __slots__ = ("bucket", "key", "body", "rid", "fut")
+    """A record write or read waiting for the next batch to its node."""
+    __slots__ = ("item", "alone", "rid", "fut")
 
-    def __init__(self, bucket: str, key: str, body: bytes, fut: asyncio.Future[None]) -> None:
-        self.bucket, self.key, self.body, self.fut = bucket, key, body, fut
+    def __init__(self, item: list[Any], alone: Callable[[], Awaitable[Any]],
+                 fut: asyncio.Future[Any]) -> None:
+        self.item, self.alone, self.fut = item, alone, fut   # alone: sends it by itself
         self.rid = request_id.get()
 
 
 class _Outbox:
-    """Object record writes to one control node: one request on its way at a time; the
-    writes that arrive meanwhile wait and go together in the next (POST /v1/objects),
-    so N concurrent writers cost the node and this client one request, not N."""
+    """Object record writes (or reads) to one control node: one request on its way at a
+    time; the ones that arrive meanwhile wait and go together in the next (POST
+    /v1/objects, /v1/objects/read), so N concurrent callers cost the node and this
+    client one request, not N."""
     __slots__ = ("busy", "queue", "single_only")
 
     def __init__(self) -> None:
@@ -119,8 +122,9 @@ class MetaQuorum:
     def __init__(self, transport: Transport, background: set[asyncio.Future[Any]]) -> None:
         self.t = transport
         self.background = background
-        self._outboxes: dict[str, _Outbox] = {}
-        self.batch_stats = {"requests": 0, "records": 0}
+        self._outboxes: dict[tuple[str, str], _Outbox] = {}   # (kind, node address)
+        # batch requests sent and the records in them, by kind ("put", "get")
+        self.batch_stats = {"put": 0, "put_records": 0, "get": 0, "get_records": 0}
 
     async def write(self, nodes: tuple[Node, ...], path: str, record: dict[str, Any],
                     needed: int, object_name: tuple[str, str] | None = None) -> int:
@@ -129,61 +133,63 @@ class MetaQuorum:
         body = pack(record)
 
         async def one(node: Node) -> None:
-            if object_name is not None:
-                await self._put_object(node, path, object_name, body)
-            else:
+            async def alone() -> None:
                 await self.t.request("PUT", node.address, path, body=body,
                                      timeout_s=META_TIMEOUT_S)
+            if object_name is None:
+                await alone()
+            else:
+                await self._batched("put", node, [*object_name, body], alone)
 
         tasks = [asyncio.ensure_future(one(n)) for n in nodes]
         return await self._quorum(tasks, needed, "write", path)
 
-    async def _put_object(self, node: Node, path: str, name: tuple[str, str],
-                          body: bytes) -> None:
-        """One object record to one node: at once on its own if nothing is on its way
-        to that node, else queued for the next batch."""
-        box = self._outboxes.get(node.address)
+    async def _batched(self, kind: str, node: Node, item: list[Any],
+                       alone: Callable[[], Awaitable[Any]]) -> Any:
+        """`alone()` at once if nothing of this kind is on its way to the node, else
+        `item` queued for the next batch; the result either way."""
+        box = self._outboxes.get((kind, node.address))
         if box is None:
-            box = self._outboxes[node.address] = _Outbox()
+            box = self._outboxes[(kind, node.address)] = _Outbox()
         if box.busy:
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            box.queue.append(_Queued(name[0], name[1], body, fut))
-            await fut
-            return
+            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            box.queue.append(_Queued(item, alone, fut))
+            return await fut
         box.busy = True
         try:
-            await self.t.request("PUT", node.address, path, body=body, timeout_s=META_TIMEOUT_S)
+            return await alone()
         finally:
-            self._next_batch(node, box)
+            self._next_batch(kind, node, box)
 
-    def _next_batch(self, node: Node, box: _Outbox) -> None:
+    def _next_batch(self, kind: str, node: Node, box: _Outbox) -> None:
         """Send what queued for this node (up to a batch's size), or mark it idle."""
         if not box.queue:
             box.busy = False
             return
         size, n = 0, 0
         while n < min(len(box.queue), MAX_BATCH_ITEMS) and (n == 0 or size < MAX_BATCH_BYTES):
-            size += len(box.queue[n].body)
+            size += sum(len(x) for x in box.queue[n].item if isinstance(x, (str, bytes)))
             n += 1
         items, box.queue = box.queue[:n], box.queue[n:]
-        self._spawn(self._send_batch(node, box, items))
+        self._spawn(self._send_batch(kind, node, box, items))
 
-    async def _send_batch(self, node: Node, box: _Outbox, items: list[_Queued]) -> None:
+    async def _send_batch(self, kind: str, node: Node, box: _Outbox,
+                          items: list[_Queued]) -> None:
         try:
             if len(items) > 1 and not box.single_only:
-                if await self._post_batch(node, items):
+                if await self._post_batch(kind, node, items):
                     return
                 box.single_only = True      # an older node, without the route: one by one
-            await asyncio.gather(*(self._send_one(node, q) for q in items))
+            await asyncio.gather(*(self._send_alone(q) for q in items))
         finally:
-            self._next_batch(node, box)
+            self._next_batch(kind, node, box)
 
-    async def _post_batch(self, node: Node, items: list[_Queued]) -> bool:
+    async def _post_batch(self, kind: str, node: Node, items: list[_Queued]) -> bool:
         """Send items as one batch and settle each one's future; False (nothing settled)
         if the node has no batch route."""
-        body = pack([[q.bucket, q.key, q.body, q.rid] for q in items])
+        body = pack([q.item + [q.rid] for q in items])
         try:
-            reply = await self.t.request("POST", node.address, BATCH_PATH, body=body,
+            reply = await self.t.request("POST", node.address, BATCH_PATHS[kind], body=body,
                                          timeout_s=META_TIMEOUT_S)
             results = unpack(reply.body)
             if not isinstance(results, list) or len(results) != len(items):
@@ -195,45 +201,53 @@ class MetaQuorum:
                 if not q.fut.done():
                     q.fut.set_exception(exc)
             return True
-        self.batch_stats["requests"] += 1
-        self.batch_stats["records"] += len(items)
+        self.batch_stats[kind] += 1
+        self.batch_stats[kind + "_records"] += len(items)
         for q, (status, answer) in zip(items, results):
             if q.fut.done():
                 continue
-            if status < 400:
+            if kind == "get" and status == 200 and isinstance(answer, bytes):
+                q.fut.set_result(unpack(answer))
+            elif status < 400 and kind == "put" or status == 404 and kind == "get":
                 q.fut.set_result(None)
             else:
                 q.fut.set_exception(error_from_response(
                     status, answer if isinstance(answer, dict) else None))
         return True
 
-    async def _send_one(self, node: Node, q: _Queued) -> None:
+    async def _send_alone(self, q: _Queued) -> None:
         token = request_id.set(q.rid)
         try:
-            await self.t.request("PUT", node.address, f"/v1/objects/{q.bucket}/"
-                                 f"{quote_key(q.key)}", body=q.body, timeout_s=META_TIMEOUT_S)
+            result = await q.alone()
         except EcstoreError as exc:
             if not q.fut.done():
                 q.fut.set_exception(exc)
         else:
             if not q.fut.done():
-                q.fut.set_result(None)
+                q.fut.set_result(result)
         finally:
             request_id.reset(token)
 
     async def read(self, nodes: tuple[Node, ...], path: str, needed: int,
-                   repair: bool = True) -> dict[str, Any] | None:
+                   repair: bool = True, object_name: tuple[str, str] | None = None
+                   ) -> dict[str, Any] | None:
         """Ask every node, take the newest of the first `needed` answers.
 
         The answers that arrive later are still compared, in the background, and every
         replica that answered with an older record (or none) is sent the newest.
+        `object_name` (bucket, key): an object's record, which may be asked in a batch.
         """
         answers: dict[str, dict[str, Any] | None] = {}
 
         async def one(node: Node) -> None:
-            reply = await self.t.request("GET", node.address, path, ok_404=True,
-                                         timeout_s=META_TIMEOUT_S)
-            answers[node.id] = None if reply.status == 404 else unpack(reply.body)
+            async def alone() -> dict[str, Any] | None:
+                reply = await self.t.request("GET", node.address, path, ok_404=True,
+                                             timeout_s=META_TIMEOUT_S)
+                return None if reply.status == 404 else unpack(reply.body)
+            if object_name is None:
+                answers[node.id] = await alone()
+            else:
+                answers[node.id] = await self._batched("get", node, [*object_name], alone)
 
         tasks = [asyncio.ensure_future(one(n)) for n in nodes]
         await self._quorum(tasks, needed, "read", path)

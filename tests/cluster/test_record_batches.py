@@ -11,7 +11,7 @@ import pytest
 from cli.localcluster import LocalCluster
 from store import metadata
 from store.client import Client
-from store.errors import Unavailable
+from store.errors import NotFound, Unavailable
 from store.transport import Transport
 from store.wire import pack, unpack
 from tests.cluster.conftest import wait_for
@@ -21,9 +21,10 @@ def record(ts: int, **extra: object) -> dict[str, object]:
     return {"ts": ts, "version_id": f"v{ts:08d}", "deleted": False, "size": 0, **extra}
 
 
-async def post(t: Transport, url: str, items: object) -> tuple[int, object]:
+async def post(t: Transport, url: str, items: object,
+               path: str = "/v1/objects") -> tuple[int, object]:
     try:
-        reply = await t.request("POST", url, "/v1/objects", body=pack(items))
+        reply = await t.request("POST", url, path, body=pack(items))
     except Exception as exc:  # noqa: BLE001 - the status is what the test looks at
         return getattr(exc, "status", 0), str(exc)
     return reply.status, unpack(reply.body)
@@ -67,15 +68,39 @@ def test_each_item_of_a_batch_is_decided_as_its_own_put(cluster: LocalCluster) -
              what="the batch's log line")
 
 
+def test_a_batch_read_answers_each_item(cluster: LocalCluster) -> None:
+    c3 = cluster.nodes["c3"].url
+
+    async def go() -> tuple[int, object]:
+        t = Transport(cluster.secret)
+        try:
+            await t.request("PUT", c3, "/v1/objects/rbkt/there", body=pack(record(700)))
+            try:
+                reply = await t.request("POST", c3, "/v1/objects/read", body=pack([
+                    ["rbkt", "there", "R1"], ["rbkt", "absent", "R2"], ["No!", "k", "R3"],
+                    ["rbkt"], ["rbkt", "there", None]]))
+            except Exception as exc:  # noqa: BLE001
+                return getattr(exc, "status", 0), str(exc)
+            return reply.status, unpack(reply.body)
+        finally:
+            await t.close()
+    status, replies = asyncio.run(go())
+    assert status == 200 and isinstance(replies, list)
+    assert [r[0] for r in replies] == [200, 404, 400, 400, 200]
+    assert unpack(replies[0][1]) == record(700) == unpack(replies[4][1])
+    assert replies[1][1]["error"] == "not_found"
+
+
+@pytest.mark.parametrize("path", ["/v1/objects", "/v1/objects/read"])
 @pytest.mark.parametrize("body, why", [
     ({"bkt": "x"}, "list"), ([], "list"), ([["b", "k", b"", "r"]] * 257, "list"),
 ])
 def test_a_batch_that_is_not_a_list_of_items_is_refused(cluster: LocalCluster, body: object,
-                                                         why: str) -> None:
+                                                         why: str, path: str) -> None:
     async def go() -> tuple[int, object]:
         t = Transport(cluster.secret)
         try:
-            return await post(t, cluster.nodes["c2"].url, body)
+            return await post(t, cluster.nodes["c2"].url, body, path)
         finally:
             await t.close()
     status, reply = asyncio.run(go())
@@ -101,6 +126,11 @@ async def _many_puts(cluster: LocalCluster, bucket: str, n: int) -> tuple[dict[s
         await asyncio.gather(*(c.put(bucket, f"k{i}", f"body {i}".encode()) for i in range(n)))
         got = await asyncio.gather(*(c.get(bucket, f"k{i}") for i in range(n)))
         assert [bytes(g) for g in got] == [f"body {i}".encode() for i in range(n)]
+        heads = await asyncio.gather(*(c.head(bucket, f"k{i}") for i in range(n)),
+                                     *(c.head(bucket, f"none{i}") for i in range(20)),
+                                     return_exceptions=True)
+        assert [h.size for h in heads[:n]] == [len(f"body {i}") for i in range(n)]
+        assert all(isinstance(h, NotFound) for h in heads[n:])
         single_only = any(b.single_only for b in c.meta._outboxes.values())
         return dict(c.meta.batch_stats), single_only
 
@@ -127,7 +157,8 @@ def replicas_hold(cluster: LocalCluster, bucket: str, keys: list[str]) -> bool:
 def test_concurrent_puts_travel_in_batches_and_every_one_lands(cluster: LocalCluster) -> None:
     stats, single_only = asyncio.run(many_puts(cluster, "batched", 300))
     assert not single_only
-    assert stats["records"] > 0 and stats["requests"] < stats["records"]   # shared
+    assert 0 < stats["put"] < stats["put_records"]     # requests shared by records
+    assert 0 < stats["get"] < stats["get_records"]
     # three control nodes, replication 3: every node holds every record
     wait_for(lambda: replicas_hold(cluster, "batched", [f"k{i}" for i in range(300)]),
              what="every replica written")
@@ -137,9 +168,10 @@ def test_a_node_without_the_batch_route_gets_the_records_one_by_one(
         cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """An older control node answers 404 to the batch: the client sends those records
     one by one from then on, and nothing is lost."""
-    monkeypatch.setattr(metadata, "BATCH_PATH", "/v1/no-such-route")
+    monkeypatch.setattr(metadata, "BATCH_PATHS", {"put": "/v1/no-such-route",
+                                                  "get": "/v1/no-such-route-either"})
     stats, single_only = asyncio.run(many_puts(cluster, "unbatched", 200))
-    assert single_only and stats["requests"] == 0
+    assert single_only and stats["put"] == stats["get"] == 0
     wait_for(lambda: replicas_hold(cluster, "unbatched", [f"k{i}" for i in range(200)]),
              what="every replica written")
 
@@ -148,7 +180,7 @@ def test_batched_puts_go_on_with_a_control_node_down(cluster: LocalCluster,
                                                      all_up: LocalCluster) -> None:
     cluster.kill_node("c3")
     stats, _ = asyncio.run(many_puts(cluster, "degraded", 200))
-    assert stats["requests"] > 0
+    assert stats["put"] > 0 and stats["get"] > 0
     assert replicas_hold(cluster, "degraded", [f"k{i}" for i in range(200)])
 
 
