@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, TypeVar
 
 from placement.cluster_map import ClusterMap
 from placement.nodes import Node
-from store.errors import EcstoreError, Unavailable, error_from_response
+from store.errors import EcstoreError, Unavailable, Unreachable, error_from_response
 from store.transport import Transport, request_id
 from store.wire import pack, unpack
 
@@ -97,12 +98,13 @@ def newest(records: list[dict[str, Any] | None]) -> dict[str, Any] | None:
 
 class _Queued:
     """A record write or read waiting for the next batch to its node."""
-    __slots__ = ("item", "alone", "rid", "fut")
+    __slots__ = ("item", "alone", "rid", "fut", "since")
 
     def __init__(self, item: list[Any], alone: Callable[[], Awaitable[Any]],
                  fut: asyncio.Future[Any]) -> None:
         self.item, self.alone, self.fut = item, alone, fut   # alone: sends it by itself
         self.rid = request_id.get()
+        self.since = time.monotonic()
 
 
 class _Outbox:
@@ -162,7 +164,17 @@ class MetaQuorum:
             self._next_batch(kind, node, box)
 
     def _next_batch(self, kind: str, node: Node, box: _Outbox) -> None:
-        """Send what queued for this node (up to a batch's size), or mark it idle."""
+        """Send what queued for this node (up to a batch's size), or mark it idle. What
+        waited longer than a request's timeout fails now: a node that stalls must not
+        gather a queue without bound (before batches, each request timed out)."""
+        now = time.monotonic()
+        if box.queue and now - box.queue[0].since > META_TIMEOUT_S:
+            late = [q for q in box.queue if now - q.since > META_TIMEOUT_S]
+            box.queue = [q for q in box.queue if now - q.since <= META_TIMEOUT_S]
+            for q in late:
+                if not q.fut.done():
+                    q.fut.set_exception(Unreachable(
+                        f"control node {node.id}: no answer within {META_TIMEOUT_S} s"))
         if not box.queue:
             box.busy = False
             return

@@ -4,6 +4,9 @@ writes to one node travel together without one being lost or misanswered."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
 
 import aiohttp
 import pytest
@@ -196,3 +199,34 @@ def test_puts_fail_clearly_when_no_quorum_is_left(cluster: LocalCluster,
                                           for i in range(20)), return_exceptions=True)
     results = asyncio.run(asyncio.wait_for(go(), 120))
     assert results and all(isinstance(r, Unavailable) for r in results)
+
+
+def test_a_stalled_node_does_not_gather_a_queue_without_bound(cluster: LocalCluster) -> None:
+    """A control node that stops answering (SIGSTOP) gets one request that hangs; what
+    queues behind it fails once it has waited a request's timeout (5 s) instead of
+    going out 64 at a time, each batch waiting its own 5 s. The puts themselves
+    succeed on the other two replicas all along."""
+    c3 = cluster.nodes["c3"]
+    assert c3.pid is not None
+
+    async def go() -> tuple[int, float]:
+        async with Client.connect(cluster.path) as c:
+            await c.create_bucket("stalled")
+            os.kill(c3.pid, signal.SIGSTOP)
+            try:
+                for wave in range(30):          # 300 puts, all acknowledged by c1 and c2
+                    await asyncio.gather(*(c.put("stalled", f"k{wave}-{i}", b"x")
+                                           for i in range(10)))
+                box = c.meta._outboxes[("put", c3.url)]
+                peak = len(box.queue)
+                t0 = time.monotonic()
+                for _ in range(150):            # at most 15 s
+                    if not box.queue and not box.busy:
+                        break
+                    await asyncio.sleep(0.1)
+                return peak, time.monotonic() - t0
+            finally:
+                os.kill(c3.pid, signal.SIGCONT)
+    peak, drained_s = asyncio.run(asyncio.wait_for(go(), 120))
+    assert peak > 64        # more than one batch waited behind the hung request
+    assert drained_s < 11   # two timeouts at most, not one per batch of 64
