@@ -94,15 +94,10 @@ async def put_objects(request: web.Request) -> web.Response:
     PUT /v1/objects/{bucket}/{key} would be, all in one group commit. Reply: [status,
     body] per item, in order (200 and {applied, ts, version_id}, or the error's status
     and body): a bad item fails alone. One log line names every item's request id."""
-    items = unpack(await verified_body(request), MAX_BODY_BYTES)
-    if not isinstance(items, list) or not 0 < len(items) <= MAX_BATCH_ITEMS:
-        raise BadRequest(f"body must be a list of 1 to {MAX_BATCH_ITEMS} items")
+    items = await batch_items(request, 4)
     out: list[list[Any]] = [[0, None]] * len(items)
-    mutations, at, ids = [], [], []
+    mutations, at = [], []
     for i, item in enumerate(items):
-        rid = item[3] if isinstance(item, list) and len(item) == 4 else None
-        if isinstance(rid, str) and REQUEST_ID_RE.fullmatch(rid):
-            ids.append(rid)
         try:
             if not (isinstance(item, list) and len(item) == 4 and isinstance(item[0], str)
                     and isinstance(item[1], str) and isinstance(item[2], bytes)):
@@ -122,10 +117,22 @@ async def put_objects(request: web.Request) -> web.Response:
             applied, current = result
             out[i] = [200, {"applied": applied, "ts": current["ts"],
                             "version_id": current["version_id"]}]
-    log_event(request_log, logging.INFO, "batch",   # who to find it by: grep any id
+    return msgpack_response(out)
+
+
+async def batch_items(request: web.Request, width: int) -> list[Any]:
+    """A batch's items (each should be a list of `width`, its last a request id), and
+    the batch's log line naming every item's request id: grep finds an operation's
+    record requests whether they went alone or in a batch."""
+    items = unpack(await verified_body(request), MAX_BODY_BYTES)
+    if not isinstance(items, list) or not 0 < len(items) <= MAX_BATCH_ITEMS:
+        raise BadRequest(f"body must be a list of 1 to {MAX_BATCH_ITEMS} items")
+    ids = [item[-1] for item in items if isinstance(item, list) and len(item) == width
+           and isinstance(item[-1], str) and REQUEST_ID_RE.fullmatch(item[-1])]
+    log_event(request_log, logging.INFO, "batch",
               {"request_id": request.get(REQUEST_ID, "-"), "items": len(items),
                "request_ids": ",".join(ids) or "-"})
-    return msgpack_response(out)
+    return items
 
 
 async def get_objects(request: web.Request) -> web.Response:
@@ -133,16 +140,10 @@ async def get_objects(request: web.Request) -> web.Response:
     queued up for this node). Body: a list of [bucket, key, request id]. Reply: [status,
     body] per item, in order: 200 and the packed record, 404 and an error body when
     there is none, 400 for a bad name."""
-    items = unpack(await verified_body(request), MAX_BODY_BYTES)
-    if not isinstance(items, list) or not 0 < len(items) <= MAX_BATCH_ITEMS:
-        raise BadRequest(f"body must be a list of 1 to {MAX_BATCH_ITEMS} items")
+    items = await batch_items(request, 3)
     db = request.app[DB]
     out: list[list[Any]] = []
-    ids = []
     for item in items:
-        rid = item[2] if isinstance(item, list) and len(item) == 3 else None
-        if isinstance(rid, str) and REQUEST_ID_RE.fullmatch(rid):
-            ids.append(rid)
         try:
             if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)
                     and isinstance(item[1], str)):
@@ -155,9 +156,6 @@ async def get_objects(request: web.Request) -> web.Response:
             out.append([200, raw])      # the record as stored, packed
         except EcstoreError as exc:
             out.append([exc.status, exc.to_body()])
-    log_event(request_log, logging.INFO, "batch",
-              {"request_id": request.get(REQUEST_ID, "-"), "items": len(items),
-               "request_ids": ",".join(ids) or "-"})
     return msgpack_response(out)
 
 

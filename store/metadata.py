@@ -194,6 +194,9 @@ class MetaQuorum:
                 box.single_only = True      # an older node, without the route: one by one
             await asyncio.gather(*(self._send_alone(q) for q in items))
         finally:
+            for q in items:     # whatever went wrong (a reply of the wrong shape, a
+                if not q.fut.done():    # cancellation), no caller waits for ever
+                    q.fut.set_exception(Unavailable(f"control node {node.id}: no answer"))
             self._next_batch(kind, node, box)
 
     async def _post_batch(self, kind: str, node: Node, items: list[_Queued]) -> bool:
@@ -231,7 +234,7 @@ class MetaQuorum:
         token = request_id.set(q.rid)
         try:
             result = await q.alone()
-        except EcstoreError as exc:
+        except Exception as exc:  # noqa: BLE001 - the caller's, as if it had sent it
             if not q.fut.done():
                 q.fut.set_exception(exc)
         else:

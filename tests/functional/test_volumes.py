@@ -48,6 +48,16 @@ def reopen(store: FragmentStore, **kw: int) -> FragmentStore:
     return FragmentStore(store.data_dir, fsync=True, reserve_bytes=0, **kw)
 
 
+def flip_header_byte(store: FragmentStore, fid: str) -> None:
+    """Flip a bit in a byte of fid's msgpack record header, on disk."""
+    path, body_off, _ = store.locate(fid)
+    with open(path, "r+b") as f:
+        f.seek(body_off - 5)
+        b = f.read(1)
+        f.seek(body_off - 5)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
 def volume_files(d: Path) -> list[Path]:
     return sorted((d / "volumes").glob("*.vol"))
 
@@ -143,12 +153,7 @@ def test_a_record_cut_short_by_a_crash_is_cut_off_and_appends_continue(
 def test_a_damaged_header_loses_only_its_record(tmp_path: Path) -> None:
     s = FragmentStore(tmp_path, fsync=True, reserve_bytes=0)
     want = {f"d{i}.0.0": put(s, f"d{i}.0.0") for i in range(6)}
-    path, body_off, _ = s.locate("d2.0.0")
-    with open(path, "r+b") as f:          # a byte of d2's msgpack header flipped
-        f.seek(body_off - 5)
-        b = f.read(1)
-        f.seek(body_off - 5)
-        f.write(bytes([b[0] ^ 0x40]))
+    flip_header_byte(s, "d2.0.0")
     s2 = reopen(s)
     del want["d2.0.0"]
     assert contents(s2) == want            # every record after it is found again
@@ -641,12 +646,7 @@ def test_compaction_finds_live_records_by_their_headers_and_quarantines_a_damage
         put(s, f"x{i}.0.0", body_of(f"x{i}", 5000))
     for i in range(12):
         s.delete(f"x{i}.0.0")
-    path, body_off, _ = s.locate("k1.0.0")
-    with open(path, "r+b") as f:          # a byte of k1's msgpack header flipped
-        f.seek(body_off - 5)
-        b = f.read(1)
-        f.seek(body_off - 5)
-        f.write(bytes([b[0] ^ 0x40]))
+    flip_header_byte(s, "k1.0.0")
     [first] = s.compactable()
     assert s.compact().volumes == 1
     assert not Path(first.path).exists()
