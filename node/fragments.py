@@ -154,12 +154,34 @@ class Volume:
                 self._sync_cv.notify_all()
 
 
-# Where one record is: (its volume's number, offset, length of prefix + header + body,
-# seq). A plain tuple of ints, not a NamedTuple or the Volume itself: CPython's cyclic
-# garbage collector stops tracking such a tuple, so a full collection does not walk the
-# index (~130 ms per million fragments when it did, stalling the node).
-Loc = tuple[int, int, int, int]
-VID, OFF, LENGTH, SEQ = range(4)
+# Where one record is: its volume's number, offset, length (prefix + header + body) and
+# seq, packed into one int (length in bits 0-31, offset 32-79, volume 80-111, seq above):
+# 48 bytes where a tuple of four ints took 170, and an int is never tracked by Python's
+# cyclic garbage collector, so a full collection does not walk the index (~130 ms per
+# million fragments when entries held their Volume object, stalling the node).
+Loc = int
+_M32, _M48 = (1 << 32) - 1, (1 << 48) - 1
+
+
+def make_loc(vid: int, off: int, length: int, seq: int) -> Loc:
+    assert 0 <= vid <= _M32 and 0 <= off <= _M48 and 0 <= length <= _M32, (vid, off, length)
+    return seq << 112 | vid << 80 | off << 32 | length
+
+
+def loc_vid(loc: Loc) -> int:
+    return (loc >> 80) & _M32
+
+
+def loc_off(loc: Loc) -> int:
+    return (loc >> 32) & _M48
+
+
+def loc_length(loc: Loc) -> int:
+    return loc & _M32
+
+
+def loc_seq(loc: Loc) -> int:
+    return loc >> 112
 
 
 @dataclass
@@ -224,8 +246,8 @@ class FragmentStore:
             if vol is not None:
                 self._volumes[vid] = vol
         for fid, loc in self._index.items():
-            self._volumes[loc[VID]].live_bytes += loc[LENGTH]
-            self.bytes += loc[LENGTH]
+            self._volumes[loc_vid(loc)].live_bytes += loc_length(loc)
+            self.bytes += loc_length(loc)
         self.count = len(self._index)
         self._seq += 1
         if not self._volumes:
@@ -241,7 +263,7 @@ class FragmentStore:
         self._seq = max(self._seq, vol.min_seq)     # the seq it was made at, so far
         records, good_end, skipped = _scan_records(vol, size)
         for pos, fid, seq, deleted, length in records:
-            self._apply(fid, (vid, pos, length, seq), deleted)
+            self._apply(fid, make_loc(vid, pos, length, seq), deleted)
             vol.min_seq = min(vol.min_seq, seq)
             self._seq = max(self._seq, seq)
         if skipped:
@@ -260,7 +282,7 @@ class FragmentStore:
     def _apply(self, fid: str, loc: Loc, deleted: bool) -> None:
         """While opening: keep the record with the highest seq for each id."""
         cur = self._index.get(fid) or self._tombs.get(fid)
-        if cur is not None and cur[SEQ] >= loc[SEQ]:
+        if cur is not None and loc_seq(cur) >= loc_seq(loc):
             return
         if deleted:
             self._index.pop(fid, None)
@@ -383,14 +405,14 @@ class FragmentStore:
             with self._lock:
                 self._done(vol)
             raise
-        loc = (vol.vid, off, length, seq)
+        loc = make_loc(vol.vid, off, length, seq)
         with self._lock:
             self._done(vol)     # in the same locked step as the index: no gap between
             old = self._index.get(fid)
-            if old is not None and old[SEQ] > seq:   # a later put of it finished first
+            if old is not None and loc_seq(old) > seq:   # a later put of it finished first
                 return True
             tomb = self._tombs.get(fid)
-            if tomb is not None and tomb[SEQ] > seq:     # deleted while this was written
+            if tomb is not None and loc_seq(tomb) > seq:     # deleted while this was written
                 return False
             self._tombs.pop(fid, None)
             self._index[fid] = loc
@@ -399,8 +421,8 @@ class FragmentStore:
             if old is None:
                 self.count += 1
             else:
-                self._volumes[old[VID]].live_bytes -= old[LENGTH]
-                self.bytes -= old[LENGTH]
+                self._volumes[loc_vid(old)].live_bytes -= loc_length(old)
+                self.bytes -= loc_length(old)
         return old is not None
 
     def _reserve(self, length: int, seq: int) -> tuple[Volume, int]:
@@ -447,15 +469,15 @@ class FragmentStore:
         header = pack({"fid": fid, "seq": seq, "deleted": True})
         length = RECORD_PREFIX.size + len(header)
         vol, off = self._reserve(length, seq)
-        self._tombs[fid] = (vol.vid, off, length, seq)
+        self._tombs[fid] = make_loc(vol.vid, off, length, seq)
         prefix = RECORD_PREFIX.pack(RECORD_MAGIC, len(header), vol.header_crc(header))
         return vol, off, [prefix, header], length
 
     def _forget(self, fid: str, loc: Loc) -> None:
         """Drop an index entry's counts; under self._lock, after popping it."""
-        self._volumes[loc[VID]].live_bytes -= loc[LENGTH]
+        self._volumes[loc_vid(loc)].live_bytes -= loc_length(loc)
         self.count -= 1
-        self.bytes -= loc[LENGTH]
+        self.bytes -= loc_length(loc)
 
     def delete(self, fid: str) -> None:
         check_fragment_id(fid)
@@ -483,14 +505,14 @@ class FragmentStore:
             loc = self._index.get(fid)
             if loc is None:
                 raise NotFound(f"fragment {fid} not found")
-            vol = self._volumes.get(loc[VID])
+            vol = self._volumes.get(loc_vid(loc))
             if vol is not None:
                 return loc, vol
         with self._lock:    # moved three times while we looked: very unlikely
             loc = self._index.get(fid)
             if loc is None:
                 raise NotFound(f"fragment {fid} not found")
-            return loc, self._volumes[loc[VID]]
+            return loc, self._volumes[loc_vid(loc)]
 
     def read(self, fid: str, verify: bool = True) -> Fragment:
         """Read (and with verify, check) one fragment; NotFound, or Corrupt after
@@ -510,9 +532,9 @@ class FragmentStore:
         loc, vol = self._locate(fid)
         if _RWF_NOWAIT is None:     # not Linux: always the thread
             return None
-        raw = bytearray(loc[LENGTH])
+        raw = bytearray(loc_length(loc))
         try:
-            if os.preadv(vol.fd, [raw], loc[OFF], _RWF_NOWAIT) != loc[LENGTH]:
+            if os.preadv(vol.fd, [raw], loc_off(loc), _RWF_NOWAIT) != loc_length(loc):
                 return None
         except OSError:     # EAGAIN: not cached; EOPNOTSUPP: no RWF_NOWAIT here
             return None
@@ -525,19 +547,19 @@ class FragmentStore:
         """A fragment's whole record, unchecked, and where it was read from (for
         quarantine_fragment); NotFound."""
         loc, vol = self._locate(fid)
-        raw = os.pread(vol.fd, loc[LENGTH], loc[OFF])
-        if len(raw) < loc[LENGTH]:   # the record was cut short on disk
-            raw += bytes(loc[LENGTH] - len(raw))
+        raw = os.pread(vol.fd, loc_length(loc), loc_off(loc))
+        if len(raw) < loc_length(loc):   # the record was cut short on disk
+            raw += bytes(loc_length(loc) - len(raw))
         return raw, loc
 
     def locate(self, fid: str) -> tuple[str, int, int]:
         """(volume file, offset of the body, body length) of a stored fragment: for
         tools and tests that look at the bytes on disk; NotFound."""
         loc, vol = self._locate(fid)
-        head = os.pread(vol.fd, RECORD_PREFIX.size, loc[OFF])
+        head = os.pread(vol.fd, RECORD_PREFIX.size, loc_off(loc))
         _, hlen, _ = RECORD_PREFIX.unpack(head)
-        body_off = loc[OFF] + RECORD_PREFIX.size + hlen
-        return vol.path, body_off, loc[OFF] + loc[LENGTH] - body_off
+        body_off = loc_off(loc) + RECORD_PREFIX.size + hlen
+        return vol.path, body_off, loc_off(loc) + loc_length(loc) - body_off
 
     # ---- quarantine -----------------------------------------------------------------
     def quarantine_fragment(self, fid: str, where: Loc | None = None) -> bool:
@@ -547,9 +569,9 @@ class FragmentStore:
         stays. False when it is gone or was replaced. Rare, so done under the lock."""
         with self._lock:
             loc = self._index.get(fid)
-            if loc is None or (where is not None and loc[SEQ] != where[SEQ]):
+            if loc is None or (where is not None and loc_seq(loc) != loc_seq(where)):
                 return False
-            raw = os.pread(self._volumes[loc[VID]].fd, loc[LENGTH], loc[OFF])
+            raw = os.pread(self._volumes[loc_vid(loc)].fd, loc_length(loc), loc_off(loc))
             self._quarantine_bytes(fid, raw)
             del self._index[fid]
             self._forget(fid, loc)
@@ -659,7 +681,7 @@ class FragmentStore:
         with self._lock:
             leftover = vol.live_bytes != 0
             if leftover:
-                live = [(f, loc) for f, loc in self._index.items() if loc[VID] == vol.vid]
+                live = [(f, loc) for f, loc in self._index.items() if loc_vid(loc) == vol.vid]
         if leftover:
             log.warning("compacting %s: %d live records with a damaged header, "
                         "quarantined", vol.path, len(live))
@@ -685,7 +707,7 @@ class FragmentStore:
         record of a sealed volume never is again: it may be looked at in pieces.)"""
         for off, fid, _, deleted, _ in records:
             loc = (self._tombs if deleted else self._index).get(fid)
-            if loc is not None and loc[VID] == vol.vid and loc[OFF] == off:
+            if loc is not None and loc_vid(loc) == vol.vid and loc_off(loc) == off:
                 (tombs if deleted else live).append((fid, loc))
 
     def _copy_out(self, vol: Volume, live: builtins.list[tuple[str, Loc]],
@@ -700,25 +722,26 @@ class FragmentStore:
             others = [v.min_seq for v in self._volumes.values() if v is not vol]
             floor = min(others, default=None)
         work = [(f, loc, False) for f, loc in live]
-        work += [(f, loc, True) for f, loc in tombs if floor is not None and floor < loc[SEQ]]
+        work += [(f, loc, True) for f, loc in tombs if floor is not None and floor < loc_seq(loc)]
         moved: builtins.list[tuple[str, Loc, Loc, bool]] = []
         dests: dict[int, Volume] = {}
         for fid, loc, deleted in work:
-            raw = os.pread(vol.fd, loc[LENGTH], loc[OFF])
+            raw = os.pread(vol.fd, loc_length(loc), loc_off(loc))
             _, hlen, _ = RECORD_PREFIX.unpack_from(raw)
             header = memoryview(raw)[RECORD_PREFIX.size:RECORD_PREFIX.size + hlen]
             with self._lock:
-                dest = self._active(loc[LENGTH])
+                dest = self._active(loc_length(loc))
                 off = dest.end
-                dest.end += loc[LENGTH]
-                dest.min_seq = min(dest.min_seq, loc[SEQ])
+                dest.end += loc_length(loc)
+                dest.min_seq = min(dest.min_seq, loc_seq(loc))
             prefix = RECORD_PREFIX.pack(RECORD_MAGIC, hlen, dest.header_crc(header))
             self._write(dest, off, [prefix, memoryview(raw)[RECORD_PREFIX.size:]],
-                        loc[LENGTH])
-            moved.append((fid, loc, (dest.vid, off, loc[LENGTH], loc[SEQ]), deleted))
+                        loc_length(loc))
+            new = make_loc(dest.vid, off, loc_length(loc), loc_seq(loc))
+            moved.append((fid, loc, new, deleted))
             dests[dest.vid] = dest
             if pace is not None:
-                pace(loc[LENGTH])
+                pace(loc_length(loc))
         if self.fsync:
             for dest in dests.values():
                 dest.sync()
@@ -728,12 +751,12 @@ class FragmentStore:
                 if table.get(fid) == old:       # not replaced or deleted meanwhile
                     table[fid] = new
                     if not deleted:
-                        vol.live_bytes -= old[LENGTH]
-                        dests[new[VID]].live_bytes += new[LENGTH]
+                        vol.live_bytes -= loc_length(old)
+                        dests[loc_vid(new)].live_bytes += loc_length(new)
                     out.records_moved += 1
-                    out.bytes_moved += new[LENGTH]
+                    out.bytes_moved += loc_length(new)
             for fid, loc in tombs:
-                if self._tombs.get(fid) is loc:     # dropped: nothing older left to hide
+                if self._tombs.get(fid) == loc:     # dropped: nothing older left to hide
                     del self._tombs[fid]
         return moved
 

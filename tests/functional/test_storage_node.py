@@ -162,7 +162,7 @@ def test_reads_from_the_page_cache_skip_the_thread_and_others_do_not(tmp_path: P
     body = os.urandom(200_000)
     store.put("v5.0.0", body, hashlib.sha256(body).hexdigest(), {"crc32": 7})
     path, _, _ = store.locate("v5.0.0")
-    record_at = store.read_raw("v5.0.0")[1][fragments.OFF]   # where its record (magic) starts
+    record_at = fragments.loc_off(store.read_raw("v5.0.0")[1])   # where its record starts
     frag = store.read_cached("v5.0.0")
     assert frag is not None and bytes(frag.body) == body and frag.meta == {"crc32": 7}
 

@@ -453,7 +453,7 @@ def test_quarantine_finds_a_record_that_compaction_moved(tmp_path: Path) -> None
     s.delete("w.0.0")
     raw, where = s.read_raw("x.0.0")          # a scrubber read x from volume 1 ...
     assert s.compact().volumes == 1           # ... which compaction then moved
-    assert s.read_raw("x.0.0")[1][fragments.VID] != where[fragments.VID]
+    assert fragments.loc_vid(s.read_raw("x.0.0")[1]) != fragments.loc_vid(where)
     assert s.quarantine_fragment("x.0.0", where)
     assert "x.0.0" not in s.list("", 10)
     put(s, "x.0.0", b"repaired")              # a put since the read: left alone
@@ -661,8 +661,8 @@ def test_compaction_finds_live_records_by_their_headers_and_quarantines_a_damage
 
 def test_the_index_is_invisible_to_the_garbage_collector_and_compaction_reads_in_pieces(
         tmp_path: Path) -> None:
-    """The index holds plain tuples of ints, which Python's cyclic collector stops
-    tracking: a full collection does not walk every fragment of the node. And a volume of
+    """The index holds one packed int per record, which Python's cyclic collector never
+    tracks: a full collection does not walk every fragment of the node. And a volume of
     more records than compaction looks up at a time (4,096 under the lock) keeps every
     live one."""
     import gc
@@ -680,3 +680,15 @@ def test_the_index_is_invisible_to_the_garbage_collector_and_compaction_reads_in
     want = {f"n{i}.0.0": f"body {i}".encode() for i in range(0, 6000, 7)}
     assert contents(s) == want
     assert contents(reopen(s, volume_bytes=4 << 20)) == want
+
+
+@pytest.mark.parametrize("vid, off, length, seq", [
+    (0, 0, 0, 0), (1, 24, 351, 7), (2**32 - 1, 2**48 - 1, 2**32 - 1, 2**70 + 5),
+    (12345, 2**40, 80 * 2**20, 2**40 - 1),
+])
+def test_a_record_place_packs_into_one_int_and_back(vid: int, off: int, length: int,
+                                                      seq: int) -> None:
+    loc = fragments.make_loc(vid, off, length, seq)
+    assert (fragments.loc_vid(loc), fragments.loc_off(loc), fragments.loc_length(loc),
+            fragments.loc_seq(loc)) == (vid, off, length, seq)
+    assert fragments.make_loc(vid, off, length, seq + 1) > loc       # a later seq sorts after
