@@ -156,7 +156,7 @@ class Volume:
 
 # Where one record is: its volume's number, offset, length (prefix + header + body) and
 # seq, packed into one int (length in bits 0-31, offset 32-79, volume 80-111, seq above):
-# 48 bytes where a tuple of four ints took 170, and an int is never tracked by Python's
+# 44 bytes where a tuple of four ints took 128, and an int is never tracked by Python's
 # cyclic garbage collector, so a full collection does not walk the index (~130 ms per
 # million fragments when entries held their Volume object, stalling the node).
 Loc = int
