@@ -60,8 +60,9 @@ def msgpack_response(value: Any, status: int = 200) -> web.Response:
     return web.Response(body=pack(value), status=status, content_type="application/msgpack")
 
 
-async def read_record(request: web.Request) -> dict[str, Any]:
-    return checked_record(await verified_body(request))
+def put_answer(applied: bool, current: dict[str, Any]) -> dict[str, Any]:
+    """What a record put answers: whether it was kept, and the record now current."""
+    return {"applied": applied, "ts": current["ts"], "version_id": current["version_id"]}
 
 
 def checked_record(raw: bytes) -> dict[str, Any]:
@@ -81,10 +82,10 @@ def _names(request: web.Request) -> tuple[str, str]:
 
 async def put_object(request: web.Request) -> web.Response:
     bucket, key = _names(request)
-    record = await read_record(request)
-    applied, current = await request.app[COMMIT].apply(newest(object_key(bucket, key), record))
-    return msgpack_response({"applied": applied, "ts": current["ts"],
-                             "version_id": current["version_id"]})
+    raw = await verified_body(request)
+    applied, current = await request.app[COMMIT].apply(
+        newest(object_key(bucket, key), checked_record(raw), raw))
+    return msgpack_response(put_answer(applied, current))
 
 
 async def put_objects(request: web.Request) -> web.Response:
@@ -104,7 +105,7 @@ async def put_objects(request: web.Request) -> web.Response:
                 raise BadRequest("an item must be [bucket, key, packed record, request id]")
             bucket, key, raw, _ = item
             k = object_key(check_bucket_name(bucket, system_ok=True), check_key(key))
-            mutations.append(newest(k, checked_record(raw)))
+            mutations.append(newest(k, checked_record(raw), raw))
             at.append(i)
         except EcstoreError as exc:
             out[i] = [exc.status, exc.to_body()]
@@ -115,8 +116,7 @@ async def put_objects(request: web.Request) -> web.Response:
             raise result
         else:
             applied, current = result
-            out[i] = [200, {"applied": applied, "ts": current["ts"],
-                            "version_id": current["version_id"]}]
+            out[i] = [200, put_answer(applied, current)]
     return msgpack_response(out)
 
 
@@ -304,10 +304,10 @@ async def list_access(request: web.Request) -> web.Response:
 
 async def put_bucket(request: web.Request) -> web.Response:
     bucket = check_bucket_name(request.match_info["bucket"], system_ok=True)
-    record = await read_record(request)
-    applied, current = await request.app[COMMIT].apply(newest(bucket_key(bucket), record))
-    return msgpack_response({"applied": applied, "ts": current["ts"],
-                             "version_id": current["version_id"]})
+    raw = await verified_body(request)
+    applied, current = await request.app[COMMIT].apply(
+        newest(bucket_key(bucket), checked_record(raw), raw))
+    return msgpack_response(put_answer(applied, current))
 
 
 async def get_bucket(request: web.Request) -> web.Response:

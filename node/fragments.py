@@ -281,7 +281,9 @@ class FragmentStore:
 
     def _apply(self, fid: str, loc: Loc, deleted: bool) -> None:
         """While opening: keep the record with the highest seq for each id."""
-        cur = self._index.get(fid) or self._tombs.get(fid)
+        cur = self._index.get(fid)
+        if cur is None:
+            cur = self._tombs.get(fid)
         if cur is not None and loc_seq(cur) >= loc_seq(loc):
             return
         if deleted:
@@ -730,13 +732,14 @@ class FragmentStore:
             _, hlen, _ = RECORD_PREFIX.unpack_from(raw)
             header = memoryview(raw)[RECORD_PREFIX.size:RECORD_PREFIX.size + hlen]
             with self._lock:
-                dest = self._active(loc_length(loc))
-                off = dest.end
-                dest.end += loc_length(loc)
-                dest.min_seq = min(dest.min_seq, loc_seq(loc))
-            prefix = RECORD_PREFIX.pack(RECORD_MAGIC, hlen, dest.header_crc(header))
-            self._write(dest, off, [prefix, memoryview(raw)[RECORD_PREFIX.size:]],
-                        loc_length(loc))
+                dest, off = self._reserve(loc_length(loc), loc_seq(loc))
+            try:
+                prefix = RECORD_PREFIX.pack(RECORD_MAGIC, hlen, dest.header_crc(header))
+                self._write(dest, off, [prefix, memoryview(raw)[RECORD_PREFIX.size:]],
+                            loc_length(loc))
+            finally:
+                with self._lock:
+                    self._done(dest)
             new = make_loc(dest.vid, off, loc_length(loc), loc_seq(loc))
             moved.append((fid, loc, new, deleted))
             dests[dest.vid] = dest

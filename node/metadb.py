@@ -270,12 +270,14 @@ class GroupCommit:
         return outcomes
 
 
-def newest(k: bytes, record: dict[str, Any]) -> Mutation[tuple[bool, dict[str, Any]]]:
-    """Store record unless a newer one is there; (applied, current)."""
+def newest(k: bytes, record: dict[str, Any], packed: bytes | None = None
+           ) -> Mutation[tuple[bool, dict[str, Any]]]:
+    """Store record unless a newer one is there; (applied, current). `packed`: the
+    record as it arrived, stored as it is (not packed a second time)."""
     def fn(view: View) -> tuple[bool, dict[str, Any]]:
         current = view.get(k)
         if current is not None and order(current) >= order(record):
             return False, current
-        view.put(k, record)
+        view.put(k, record if packed is None else packed)
         return True, record
     return fn
