@@ -214,7 +214,7 @@ def make_app(config: GatewayConfig, observability: ObservabilityConfig | None = 
 
     async def lifecycle(app: web.Application):  # type: ignore[no-untyped-def]
         client = Client(ClusterInfo(config.control, config.secret))
-        client.segment_slots = asyncio.Semaphore(config.segment_slots)
+        client.set_segment_slots(config.segment_slots)
         app[GATEWAY] = Gateway(config, client)
         yield
         await client.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -19,7 +20,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Callable, TypeVar
+from typing import Any, BinaryIO, Callable, Protocol, TypeVar
 
 from placement.cluster_map import ClusterMap
 from placement.nodes import Node
@@ -36,7 +37,7 @@ from store.listing import ListResult, merge_listing
 from store.metadata import MetaQuorum, effective_quorums, first_answers
 from store.names import SYSTEM_BUCKETS, check_bucket_name, check_key
 from store.striping import Extent, extent_slices, fragment_id, plan_fetches, record_extents, resolve_range
-from store.transport import Transport, operation, quote_key, traced_stream
+from store.transport import LoopBound, Transport, operation, quote_key, traced_stream
 from store.wire import FRAGMENT_CRC_HEADER, FRAGMENT_META_HEADER, pack, pack_header, unpack
 
 FRAGMENT_TIMEOUT_S = 30.0
@@ -55,6 +56,22 @@ READS_PER_REQUEST = 5_000
 SUSPECT_S = 10.0               # a node found stalled is passed over this long, then tried again
 DOWN_S = 3.0                   # one that refused a connection: its fragments are read last
 DEFAULT_SEGMENT_SLOTS = 32     # segments in memory across all of a client's puts and gets
+
+
+class _Slot(Protocol):
+    """A segment's place in memory (Client.segment_slots), given back once."""
+
+    def release(self) -> None: ...
+
+
+class _NoBound:
+    """The slot of a client whose segment_slots is None."""
+
+    def release(self) -> None:
+        pass
+
+
+NO_BOUND = _NoBound()
 MAX_INFLIGHT_SEGMENTS = 4      # put pipeline depth: memory ~ this x segment x (k+m)/k
 READAHEAD_SEGMENTS = 2         # get stream read-ahead
 MAX_USER_META_BYTES = 2048
@@ -89,8 +106,12 @@ class ObjectInfo:
                           r.get("inline") is not None)
 
 
-class Client:
-    """Async client. Use `async with Client.connect(path) as c:` or call `close()`."""
+class Client(LoopBound):
+    """Async client. Use `async with Client.connect(path) as c:` or call `close()`.
+
+    It may be used from one event loop after another (asyncio.run twice): its
+    connections and pending work belong to the loop that ran them, and are dropped when
+    a new loop takes it over; not from two running loops at once (WrongEventLoop)."""
 
     def __init__(self, info: ClusterInfo, cache_dir: str | os.PathLike[str] | None = None,
                  cache_max_bytes: int | None = None) -> None:
@@ -112,6 +133,7 @@ class Client:
         # A bound on segments held in memory across every put and get of this client (the
         # gateway sets its own); None: each put or get is bounded on its own only.
         self.segment_slots: asyncio.Semaphore | None = asyncio.Semaphore(DEFAULT_SEGMENT_SLOTS)
+        self._slots_total: int | None = DEFAULT_SEGMENT_SLOTS   # as set_segment_slots() set it
         self._fetch_times: deque[float] = deque(maxlen=200)  # recent fragment gets, seconds
         self._suspect: dict[str, float] = {}  # node id -> until when it is passed over
         cache_dir = cache_dir or os.environ.get("ECSTORE_CACHE_DIR") or None
@@ -144,7 +166,25 @@ class Client:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def set_segment_slots(self, n: int | None) -> None:
+        """At most `n` segments in memory across every put and get (None: no bound)."""
+        self.segment_slots = None if n is None else asyncio.Semaphore(n)
+        self._slots_total = n
+
+    def rebind(self) -> None:
+        """Its previous event loop has stopped: what was on its way there is gone with it
+        (asyncio.run cancelled it), so start from fresh connections, queues and slots on
+        the running one. The cluster map, caches and counters carry over."""
+        self.t.forget()
+        self.background.clear()
+        self.meta.forget()
+        self._map_fetch = None
+        self._segment_fetches.clear()
+        self._reads_flush = None      # the reads counted meanwhile go with the next flush
+        self.set_segment_slots(self._slots_total)
+
     async def close(self) -> None:
+        self.on_loop()
         if self._reads_flush is not None:
             self._reads_flush.cancel()
         if self._reads:
@@ -344,20 +384,20 @@ class Client:
             "epoch": cmap.epoch, "inline": None, "handoffs": {},
         }
         segments = _segments(source, pol.segment_size_bytes)
-        await self._take_slot()  # before reading: a put waiting for a slot holds no bytes
+        slot = await self._take_slot()  # before reading: waiting for a slot holds no bytes
         try:
             pre = [await anext(segments, b"")]
             if len(pre[0]) == pol.segment_size_bytes <= cmap.inline_max_bytes:
                 pre += [s async for s in _take(segments, 1)]  # tiny segments: one more?
         except BaseException:
-            self._give_slot()
+            slot.release()
             raise
         if len(pre) == 1 and len(pre[0]) <= cmap.inline_max_bytes:
-            self._give_slot()
+            slot.release()
             record.update(size=len(pre[0]), inline=bytes(pre[0]), segments=0)
         else:
             size, count = await self._put_segments(cmap, pol, bucket, key, vid, record,
-                                                   _chain(pre, segments), slot_held=True)
+                                                   _chain(pre, segments), slot=slot)
             record.update(size=size, segments=count)
         if extra is not None:
             fields = extra()
@@ -396,8 +436,8 @@ class Client:
 
     async def _put_segments(self, cmap: ClusterMap, pol: Policy, bucket: str, key: str,
                             vid: str, record: dict[str, Any], segments: AsyncIterator[bytes],
-                            slot_held: bool = False) -> tuple[int, int]:
-        """`slot_held`: the caller took the slot of the first segment already."""
+                            slot: _Slot | None = None) -> tuple[int, int]:
+        """`slot`: the one the caller took for the first segment."""
         size = count = 0
         inflight: set[asyncio.Future[None]] = set()
         written: list[tuple[str, Node]] = []
@@ -408,21 +448,20 @@ class Client:
                                                         return_when=asyncio.FIRST_COMPLETED)
                     for task in done:
                         task.result()
-                if slot_held:
-                    slot_held = False
-                else:
-                    await self._take_slot()  # before reading: the slot bounds the bytes read
+                if slot is None:
+                    slot = await self._take_slot()  # before reading: it bounds the bytes read
                 try:
                     seg = await anext(segments, None)
                 except BaseException:
-                    self._give_slot()
+                    slot.release()
                     raise
                 if seg is None:
-                    self._give_slot()
+                    slot.release()
                     break
                 task = asyncio.ensure_future(self._put_segment(
                     cmap, pol, bucket, key, vid, count, seg, record["handoffs"], written))
-                task.add_done_callback(self._segment_done)
+                task.add_done_callback(functools.partial(_segment_done, slot))
+                slot = None
                 inflight.add(task)
                 size += len(seg)
                 count += 1
@@ -548,22 +587,21 @@ class Client:
                 pass
         await asyncio.gather(*(one(f, n) for f, n in list(written)))
 
-    def _segment_done(self, task: asyncio.Future[None]) -> None:
-        self._give_slot()
-        _retrieve(task)  # a failed put re-raises its first failure; the others are seen here
+    async def _take_slot(self) -> _Slot:
+        """One of segment_slots, waited for; given back with its release(). (The slot
+        itself, not the client's: a new event loop gets new slots, and work of the old one
+        must not give its slots back to them.)"""
+        sem = self.segment_slots
+        if sem is None:
+            return NO_BOUND
+        await sem.acquire()
+        return sem
 
-    async def _take_slot(self, wait: bool = True) -> bool:
-        """Take one of segment_slots (True); with wait=False, False if none is free."""
-        if self.segment_slots is None:
-            return True
-        if not wait and self.segment_slots.locked():
-            return False
-        await self.segment_slots.acquire()
-        return True
-
-    def _give_slot(self) -> None:
-        if self.segment_slots is not None:
-            self.segment_slots.release()
+    async def _try_slot(self, wait: bool) -> _Slot | None:
+        """As _take_slot; with wait=False, None if none is free."""
+        if not wait and self.segment_slots is not None and self.segment_slots.locked():
+            return None
+        return await self._take_slot()
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
@@ -626,7 +664,7 @@ class Client:
                 yield record["inline"][lo:hi]
             return
         cmap = await self.cluster_map()
-        pending: list[asyncio.Task[bytes]] = []
+        pending: list[tuple[asyncio.Task[bytes], _Slot]] = []
         wanted = extent_slices(record_extents(record), record["segment_size"], lo, hi)
         if self.cache is not None and wanted:
             self._prefetch_if_sequential(cmap, record, wanted, hi)
@@ -637,25 +675,25 @@ class Client:
                 # read-ahead takes a slot only if one is free: a stream waiting for a second
                 # slot while holding the first could otherwise stall every stream
                 while nxt is not None and len(pending) < READAHEAD_SEGMENTS \
-                        and await self._take_slot(wait=not pending):
+                        and (slot := await self._try_slot(wait=not pending)) is not None:
                     ext, s = nxt
                     task = asyncio.ensure_future(
                         self._read_slice(cmap, record, ext, s.index, s.start, s.stop))
-                    pending.append(task)
+                    pending.append((task, slot))
                     nxt = next(slices, None)
                 if not pending:
                     return
-                task = pending.pop(0)
+                task, slot = pending.pop(0)
                 try:
                     data = await task
                 finally:
-                    self._give_slot()
+                    slot.release()
                 yield data
                 del data  # its slot is given back: not held here while the next one loads
         finally:
-            for task in pending:
+            for task, slot in pending:
                 task.cancel()
-                self._give_slot()
+                slot.release()
 
     def _note_read(self, bucket: str, key: str) -> None:
         if not self.track_reads or bucket in SYSTEM_BUCKETS:
@@ -1015,6 +1053,11 @@ def fragment_intact(body: bytes | bytearray, headers: Mapping[str, str]) -> bool
 
 async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
     return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
+def _segment_done(slot: _Slot, task: asyncio.Future[None]) -> None:
+    slot.release()
+    _retrieve(task)  # a failed put re-raises its first failure; the others are seen here
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

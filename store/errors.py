@@ -73,6 +73,11 @@ class Unreachable(Unavailable):
     `unavailable`)."""
 
 
+class WrongEventLoop(EcstoreError, RuntimeError):
+    """An async client used from an event loop while another loop, still running, holds
+    its connections (client side only: a mistake in the caller's code)."""
+
+
 ERRORS_BY_CODE: dict[str, type[EcstoreError]] = {
     cls.code: cls
     for cls in (BadRequest, Unauthorized, Forbidden, NotFound, Conflict, TooLarge,

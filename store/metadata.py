@@ -128,6 +128,10 @@ class MetaQuorum:
         # batch requests sent and the records in them, by kind ("put", "get")
         self.batch_stats = {"put": 0, "put_records": 0, "get": 0, "get_records": 0}
 
+    def forget(self) -> None:
+        """Drop the queues of an event loop that has stopped (their callers are gone)."""
+        self._outboxes.clear()
+
     async def write(self, nodes: tuple[Node, ...], path: str, record: dict[str, Any],
                     needed: int, object_name: tuple[str, str] | None = None) -> int:
         """PUT record to every node; return once `needed` acked (the rest go on).

@@ -3,6 +3,7 @@ the operation it belongs to (REQUEST_ID_HEADER), so that one operation can be tr
 across every node it touched (`grep ID logs/*.log`)."""
 from __future__ import annotations
 
+import asyncio
 import functools
 import random
 import re
@@ -14,7 +15,7 @@ from urllib.parse import quote, urlencode
 
 from store.auth import EMPTY_SHA256
 from store.digest import digest
-from store.errors import EcstoreError, error_from_body
+from store.errors import EcstoreError, WrongEventLoop, error_from_body
 from store.fetch import NodeClient
 
 REQUEST_ID_HEADER = "x-ecstore-request-id"
@@ -35,10 +36,37 @@ def new_request_id() -> str:
     return f"{random.getrandbits(64):016X}"
 
 
+class LoopBound:
+    """State that belongs to one asyncio event loop (connections, futures, semaphores),
+    moved to the running loop when the object is used from a new one: a script may call
+    asyncio.run twice with the same client. `operation` calls on_loop() for its self."""
+
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    def on_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        if loop is self._loop:
+            return
+        if self._loop is not None:
+            if self._loop.is_running():
+                raise WrongEventLoop(
+                    f"this {type(self).__name__} is in use on another event loop that is "
+                    "still running (another thread?): make one per event loop, or share a "
+                    "SyncClient between threads")
+            self.rebind()   # its loop has stopped: nothing of the old state can finish
+        self._loop = loop
+
+    def rebind(self) -> None:
+        """Drop what belonged to the previous loop."""
+
+
 def operation(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
-    """Run `fn` under a request id: the caller's if one is set, else a new one."""
+    """Run `fn` under a request id: the caller's if one is set, else a new one (and,
+    for a LoopBound method, on state that belongs to the running loop)."""
     @functools.wraps(fn)
     async def traced(*args: P.args, **kwargs: P.kwargs) -> T:
+        if args and isinstance(args[0], LoopBound):
+            args[0].on_loop()
         if request_id.get() is not None:
             return await fn(*args, **kwargs)
         token = request_id.set(new_request_id())
@@ -100,6 +128,11 @@ class Transport:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+    def forget(self) -> None:
+        """Drop the connections of an event loop that has stopped (its sockets close with
+        it; new ones are made on the running loop)."""
+        self._client = None
 
     async def request(self, method: str, base_url: str, path: str, *,
                       body: bytes | bytearray | memoryview = b"", checksum: str | None = None,

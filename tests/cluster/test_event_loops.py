@@ -1,0 +1,134 @@
+"""One Client used from one event loop after another (a script calling asyncio.run more
+than once, a notebook), and from two running loops at once: real nodes over HTTP."""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+import uvloop
+
+from cli.localcluster import LocalCluster
+from store.client import DEFAULT_SEGMENT_SLOTS, Client
+from store.errors import WrongEventLoop
+from tests.cluster.conftest import wait_for
+from tests.cluster.test_record_batches import replicas_hold
+
+BIG = 300 * 1024      # above the inline limit: fragments on the storage nodes
+
+
+def test_a_client_works_across_asyncio_runs(cluster: LocalCluster) -> None:
+    c = Client.connect(cluster.path)
+
+    async def first() -> None:
+        await c.create_bucket("loops1")
+        await c.put("loops1", "small", b"s" * 100)
+        await c.put("loops1", "big", b"b" * BIG)
+
+    async def second() -> tuple[bytes, bytes, list[str]]:
+        await c.put("loops1", "later", b"l" * 10)
+        return (await c.get("loops1", "small"), await c.get("loops1", "big"),
+                [o.key for o in (await c.list("loops1")).objects])
+
+    asyncio.run(first())
+    small, big, keys = asyncio.run(second())           # a new loop: fresh connections
+    assert (small, big) == (b"s" * 100, b"b" * BIG)
+    assert keys == ["big", "later", "small"]
+    # and a third, of another kind (uvloop), which also closes it
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        assert runner.run(c.get("loops1", "later")) == b"l" * 10
+        runner.run(c.close())
+
+
+@pytest.mark.parametrize("how", ["cancelled", "abandoned"])
+def test_work_cut_off_by_the_end_of_a_loop_does_not_stick(cluster: LocalCluster,
+                                                          how: str) -> None:
+    """What was still on its way when a loop stopped: record writes queued for a batch,
+    fragment puts holding segment slots and connections. asyncio.run cancels it
+    ("cancelled"); a loop run by hand and then left leaves it pending for ever
+    ("abandoned"). Either way the next loop starts clean and nothing waits on the old."""
+    c = Client.connect(cluster.path)
+    bucket = f"loops-{how}"
+    done: list[int] = []
+    held: list[asyncio.Future[None]] = []   # the old loop's tasks, kept from the GC
+
+    async def one(i: int) -> None:
+        await c.put(bucket, f"cut/{i}", bytes([i]) * (BIG if i % 2 else 100))
+        done.append(i)
+
+    async def first() -> None:
+        await c.create_bucket(bucket)
+        tasks = [asyncio.ensure_future(one(i)) for i in range(80)]
+        held.extend(tasks)
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        # and small ones, just far enough to be on their way or queued for a batch
+        held.extend(asyncio.ensure_future(one(i)) for i in range(100, 140, 2))
+        for _ in range(2000):
+            if any(box.busy and box.queue for box in c.meta._outboxes.values()):
+                break
+            await asyncio.sleep(0)
+        # return now: the other puts are wherever they are
+
+    old = asyncio.new_event_loop()
+    try:
+        if how == "cancelled":
+            old.close()
+            asyncio.run(first())
+        else:
+            old.run_until_complete(first())
+        assert 1 <= len(done) < 80 + 20
+        finished = list(done)
+
+        async def second() -> list[bytes]:
+            await asyncio.gather(*(c.put(bucket, f"again/{i}", bytes([i]) * BIG)
+                                   for i in range(40)))
+            await asyncio.gather(*(c.put(bucket, f"again/{i}", b"x" * 100)
+                                   for i in range(40)))
+            return await asyncio.gather(*(c.get(bucket, f"cut/{i}") for i in finished))
+
+        got = asyncio.run(asyncio.wait_for(second(), 20))
+        assert got == [bytes([i]) * (BIG if i % 2 else 100) for i in finished]
+        # every record reached all three control nodes: none queued behind a batch that
+        # was on its way when the old loop stopped (the quorum alone would hide that)
+        wait_for(lambda: replicas_hold(cluster, bucket, [f"again/{i}" for i in range(40)]),
+                 timeout_s=10, what="every replica written")
+    finally:   # finish the old loop's tasks (never left to the GC at some later moment)
+        for _ in range(10):     # cancelled tasks may start others on their way out
+            pending = asyncio.all_tasks(old) if not old.is_closed() else set()
+            if not pending:
+                break
+            for t in pending:
+                t.cancel()
+            old.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        old.close()
+    # the old loop's slots went back to the old semaphore, not to the new one's bound
+    # (Semaphore has no public count: its _value is the number free)
+    assert c.segment_slots is not None and c.segment_slots._value == DEFAULT_SEGMENT_SLOTS
+    asyncio.run(c.close())
+
+
+def test_two_running_loops_at_once_get_a_clear_error(cluster: LocalCluster) -> None:
+    c = Client.connect(cluster.path)
+    holding = threading.Event()
+    release = threading.Event()
+
+    async def hold() -> None:
+        await c.create_bucket("loops3")
+        holding.set()
+        while not release.is_set():     # keep this loop running, bounded by the test
+            await asyncio.sleep(0.01)
+
+    t = threading.Thread(target=lambda: asyncio.run(hold()))
+    t.start()
+    try:
+        assert holding.wait(30)
+        with pytest.raises(WrongEventLoop, match="another event loop that is still running"):
+            asyncio.run(c.get("loops3", "small"))
+    finally:
+        release.set()
+        t.join(30)
+    assert not t.is_alive()
+    # its own loop has stopped now: this one takes it over
+    asyncio.run(c.put("loops3", "after", b"a"))
+    assert asyncio.run(c.get("loops3", "after")) == b"a"
+    asyncio.run(c.close())
