@@ -610,15 +610,15 @@ def streams(t: Target, data: Data, workload: str, seed: int, count: int,
 
 
 def stream_get(t: Target, data: Data, workload: str, seed: int, count: int, size: int,
-               op: str) -> Measure:
+               op: str, label: str = "") -> Measure:
+    """Read back `workload`'s streams; the measure is named (label or workload, op)."""
     def key(i: int) -> str:
         return f"{workload}/{i:03d}"
 
     def expect(i: int) -> str:
         return data.stream_sha.get((seed + i, size), "never put completely")
     res = t.get_streams(key, expect, size, count, STREAM_TIMEOUT_S)
-    return pool_measure(t.key, workload if op == "get" else "degraded", op, res, streams=count,
-                        object_bytes=size)
+    return pool_measure(t.key, label or workload, op, res, streams=count, object_bytes=size)
 
 
 def list_keys(p: Profile) -> list[str]:
@@ -680,7 +680,10 @@ def suite(p: Profile) -> list[tuple[str, Callable[[Target, Data], list[Measure]]
     ]
 
 
-def degraded(t: Target, p: Profile, data: Data) -> list[Measure]:
-    """The 1 MiB gets and the storm's gets again (with storage nodes stopped by the caller)."""
-    return [medium_get(t, p, data, "degraded"),
-            stream_get(t, data, "storm", STORM_SEED, p.storm_writers, p.storm_mib * MiB, "storm get")]
+def gets_again(t: Target, p: Profile, data: Data, label: str) -> list[Measure]:
+    """The 1 MiB gets and the storm's gets again, named (label, "get 1 MiB") and (label,
+    "storm get"): "degraded" with storage nodes stopped by the caller, "healthy again" just
+    before they are stopped (what the degraded gets are compared with)."""
+    return [medium_get(t, p, data, label),
+            stream_get(t, data, "storm", STORM_SEED, p.storm_writers, p.storm_mib * MiB,
+                       "storm get", label)]

@@ -86,6 +86,36 @@ def test_assemble_degraded_row_divides_by_the_same_targets_healthy_figure() -> N
     assert storm.degraded == {"lib": pytest.approx(0.25), "gw": None}
 
 
+def test_degraded_gets_compare_with_the_healthy_gets_measured_just_before() -> None:
+    """The "healthy again" gets (run right before the kill) are what a degraded figure is
+    divided by; the first healthy ones only when those are missing (one target here)."""
+    specs = [s for s in compare.row_specs(QUICK) if s.workload == "degraded"]
+    ms = [measure("lib", "medium", "get", mb_s=400.0), measure("gw", "medium", "get", mb_s=100.0),
+          measure("lib", compare.AGAIN, "get 1 MiB", mb_s=300.0),
+          measure("lib", "degraded", "get 1 MiB", mb_s=270.0),
+          measure("gw", "degraded", "get 1 MiB", mb_s=80.0),
+          measure("lib", "storm", "get", mb_s=900.0), measure("lib", compare.AGAIN, "storm get", mb_s=600.0),
+          measure("lib", "degraded", "storm get", mb_s=540.0)]
+    medium, storm = compare.assemble(ms, specs)
+    assert medium.degraded == {"lib": pytest.approx(0.9), "gw": pytest.approx(0.8)}
+    assert storm.degraded == {"lib": pytest.approx(0.9), "gw": None}
+
+
+def test_gets_again_name_their_measures_by_label() -> None:
+    """What compare's rows look up: (label, "get 1 MiB") and (label, "storm get")."""
+    class Fake:
+        key = "lib"
+
+        def get_objects(self, *a: object) -> wl.PoolResult:
+            return wl.PoolResult(1)
+
+        def get_streams(self, *a: object) -> wl.PoolResult:
+            return wl.PoolResult(1)
+    ms = wl.gets_again(Fake(), QUICK, wl.Data(), compare.AGAIN)  # type: ignore[arg-type]
+    assert [(m.target, m.workload, m.op) for m in ms] == [
+        ("lib", compare.AGAIN, "get 1 MiB"), ("lib", compare.AGAIN, "storm get")]
+
+
 def test_assemble_without_a_target_leaves_its_cells_empty() -> None:
     specs = compare.row_specs(QUICK)
     rows = compare.assemble([measure("weed", "small", "put", ops_s=500.0, p50_ms=3.0, p99_ms=9.0)], specs)
