@@ -56,6 +56,18 @@ READS_PER_REQUEST = 5_000
 SUSPECT_S = 10.0               # a node found stalled is passed over this long, then tried again
 DOWN_S = 3.0                   # one that refused a connection: its fragments are read last
 DEFAULT_SEGMENT_SLOTS = 32     # segments in memory across all of a client's puts and gets
+MAX_INFLIGHT_SEGMENTS = 4      # put pipeline depth: memory ~ this x segment x (k+m)/k
+READAHEAD_SEGMENTS = 2         # get stream read-ahead
+MAX_USER_META_BYTES = 2048
+BUCKET_CACHE_TTL_S = 5.0
+MAP_TTL_S = 2.0                # how long a client trusts its cluster map before asking again
+T = TypeVar("T")
+Source = bytes | bytearray | memoryview | str | os.PathLike[str] | BinaryIO | AsyncIterator[bytes]
+
+
+def new_version_id() -> str:
+    """Unique and time ordered: 16 hex digits of ns time, 16 random hex digits."""
+    return f"{time.time_ns():016x}{secrets.token_hex(8)}"
 
 
 class _Slot(Protocol):
@@ -72,18 +84,6 @@ class _NoBound:
 
 
 NO_BOUND = _NoBound()
-MAX_INFLIGHT_SEGMENTS = 4      # put pipeline depth: memory ~ this x segment x (k+m)/k
-READAHEAD_SEGMENTS = 2         # get stream read-ahead
-MAX_USER_META_BYTES = 2048
-BUCKET_CACHE_TTL_S = 5.0
-MAP_TTL_S = 2.0                # how long a client trusts its cluster map before asking again
-T = TypeVar("T")
-Source = bytes | bytearray | memoryview | str | os.PathLike[str] | BinaryIO | AsyncIterator[bytes]
-
-
-def new_version_id() -> str:
-    """Unique and time ordered: 16 hex digits of ns time, 16 random hex digits."""
-    return f"{time.time_ns():016x}{secrets.token_hex(8)}"
 
 
 @dataclass(frozen=True)

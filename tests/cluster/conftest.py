@@ -1,6 +1,7 @@
 """A real local cluster (node processes on 127.0.0.1) per test module."""
 from __future__ import annotations
 
+import asyncio
 import shutil
 import tempfile
 import time
@@ -11,6 +12,7 @@ import pytest
 
 from cli.localcluster import LocalCluster
 from store.client import SyncClient
+from store.transport import Transport
 
 
 @pytest.fixture(scope="module")
@@ -51,3 +53,22 @@ def wait_for(cond: Callable[[], bool], timeout_s: float = 20.0, what: str = "con
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def replicas_hold(cluster: LocalCluster, bucket: str, keys: list[str]) -> bool:
+    """Every running control node that the ring places a key on holds its record."""
+    async def go() -> bool:
+        t = Transport(cluster.secret)
+        try:
+            for node in ("c1", "c2", "c3"):
+                if node not in cluster.running():
+                    continue
+                for key in keys:
+                    r = await t.request("GET", cluster.nodes[node].url,
+                                        f"/v1/objects/{bucket}/{key}", ok_404=True)
+                    if r.status != 200:
+                        return False
+            return True
+        finally:
+            await t.close()
+    return asyncio.run(go())

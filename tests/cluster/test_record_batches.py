@@ -17,7 +17,7 @@ from store.client import Client
 from store.errors import NotFound, Unavailable
 from store.transport import Transport
 from store.wire import pack, unpack
-from tests.cluster.conftest import wait_for
+from tests.cluster.conftest import replicas_hold, wait_for
 
 
 def record(ts: int, **extra: object) -> dict[str, object]:
@@ -136,25 +136,6 @@ async def _many_puts(cluster: LocalCluster, bucket: str, n: int) -> tuple[dict[s
         assert all(isinstance(h, NotFound) for h in heads[n:])
         single_only = any(b.single_only for b in c.meta._outboxes.values())
         return dict(c.meta.batch_stats), single_only
-
-
-def replicas_hold(cluster: LocalCluster, bucket: str, keys: list[str]) -> bool:
-    """Every running control node that the ring places a key on holds its record."""
-    async def go() -> bool:
-        t = Transport(cluster.secret)
-        try:
-            for node in ("c1", "c2", "c3"):
-                if node not in cluster.running():
-                    continue
-                for key in keys:
-                    r = await t.request("GET", cluster.nodes[node].url,
-                                        f"/v1/objects/{bucket}/{key}", ok_404=True)
-                    if r.status != 200:
-                        return False
-            return True
-        finally:
-            await t.close()
-    return asyncio.run(go())
 
 
 def test_concurrent_puts_travel_in_batches_and_every_one_lands(cluster: LocalCluster) -> None:
