@@ -63,7 +63,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from store.digest import matches as digest_matches
 from store.errors import BadRequest, Corrupt, InsufficientStorage, NotFound
@@ -101,6 +101,15 @@ class Fragment:
     checksum: str
     meta: dict[str, Any]
     body: bytes | memoryview
+
+
+class Written(NamedTuple):
+    """A record appended by FragmentStore.write_record, not yet in the index."""
+    fid: str
+    vol: "Volume"
+    off: int
+    length: int
+    seq: int
 
 
 class Volume:
@@ -384,6 +393,20 @@ class FragmentStore:
             meta: dict[str, Any], sync: bool = True, reserve: bool = True) -> bool:
         """Store a fragment whose body must hash to `checksum`; True if it replaced one.
         Durable (with fsync on) when it returns."""
+        w = self.write_record(fid, body, checksum, meta, reserve)
+        try:
+            if self.fsync and sync:
+                w.vol.sync()
+        except BaseException:
+            self.abandon(w)
+            raise
+        return self.commit_record(w)
+
+    def write_record(self, fid: str, body: bytes | bytearray | memoryview, checksum: str,
+                     meta: dict[str, Any], reserve: bool = True) -> Written:
+        """The first step of a put: check the fragment, append its record (not synced,
+        not in the index yet). Then the caller syncs w.vol (or not) and calls
+        commit_record(w), or abandon(w) if the sync failed."""
         check_fragment_id(fid)
         if not digest_matches(body, checksum):
             raise BadRequest("body does not match its checksum (truncated or damaged upload)")
@@ -401,30 +424,42 @@ class FragmentStore:
         try:
             prefix = RECORD_PREFIX.pack(RECORD_MAGIC, len(header), vol.header_crc(header))
             self._write(vol, off, [prefix, header, body], length)
-            if self.fsync and sync:
-                vol.sync()
         except BaseException:
             with self._lock:
                 self._done(vol)
             raise
-        loc = make_loc(vol.vid, off, length, seq)
+        return Written(fid, vol, off, length, seq)
+
+    def abandon(self, w: Written) -> None:
+        """A written record that will not be committed (its sync failed)."""
         with self._lock:
-            self._done(vol)     # in the same locked step as the index: no gap between
-            old = self._index.get(fid)
-            if old is not None and loc_seq(old) > seq:   # a later put of it finished first
-                return True
-            tomb = self._tombs.get(fid)
-            if tomb is not None and loc_seq(tomb) > seq:     # deleted while this was written
-                return False
-            self._tombs.pop(fid, None)
-            self._index[fid] = loc
-            vol.live_bytes += length
-            self.bytes += length
-            if old is None:
-                self.count += 1
-            else:
-                self._volumes[loc_vid(old)].live_bytes -= loc_length(old)
-                self.bytes -= loc_length(old)
+            self._done(w.vol)
+
+    def commit_record(self, w: Written) -> bool:
+        """The last step of a put: the index points at the record (unless a later put or
+        delete of the id finished first); True if it replaced a fragment. The write is
+        done (_done) whether or not this succeeds: call it once per write_record."""
+        fid, vol, seq, length = w.fid, w.vol, w.seq, w.length
+        with self._lock:
+            try:
+                loc = make_loc(vol.vid, w.off, length, seq)
+                old = self._index.get(fid)
+                if old is not None and loc_seq(old) > seq:   # a later put finished first
+                    return True
+                tomb = self._tombs.get(fid)
+                if tomb is not None and loc_seq(tomb) > seq:     # deleted while written
+                    return False
+                self._tombs.pop(fid, None)
+                self._index[fid] = loc
+                vol.live_bytes += length
+                self.bytes += length
+                if old is None:
+                    self.count += 1
+                else:
+                    self._volumes[loc_vid(old)].live_bytes -= loc_length(old)
+                    self.bytes -= loc_length(old)
+            finally:    # the write is done in the same locked step as the index: no gap
+                self._done(vol)     # between, and done exactly once whatever happened
         return old is not None
 
     def _reserve(self, length: int, seq: int) -> tuple[Volume, int]:

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from node.fragments import DEFAULT_VOLUME_BYTES, FragmentStore
+from node.fragments import DEFAULT_VOLUME_BYTES, FragmentStore, Written
 from node.metrics import Families, ObservabilityConfig, counter, gauge, observability_config
 from node.scrub import (
     DEFAULT_SCRUB_PASS_INTERVAL_S,
@@ -40,6 +41,7 @@ from node.server import (
     secret_from_env,
 )
 from store.auth import CHECKSUM_HEADER
+from store.errors import Unavailable
 from store.wire import FRAGMENT_CRC_HEADER as CRC_HEADER
 from store.wire import FRAGMENT_META_HEADER as META_HEADER
 from store.wire import pack, pack_header, unpack_header
@@ -80,12 +82,120 @@ async def _in_thread(fn: Any, *args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
+class PutQueue:
+    """Fragment puts, written by one thread in batches: the puts that arrive while a
+    batch is written go together in the next - each record appended, one fdatasync per
+    volume the batch touched, then the index and every answer at once. One hand-off to
+    the thread and one wake-up of the event loop per batch, not per put: with a pool
+    thread per put, `perf` put 60% of a storage node's CPU on small puts in the kernel,
+    switching between the loop, the pool's threads and the shared sync."""
+
+    def __init__(self, store: FragmentStore) -> None:
+        self.store = store
+        self._cv = threading.Condition()
+        self._queue: list[tuple[str, Any, str, dict[str, Any], asyncio.Future[bool]]] = []
+        self._closed = False
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="fragment-writer", daemon=True)
+        self._thread.start()
+        self.batches = self.puts = 0     # for tests and the curious
+
+    async def put(self, fid: str, body: Any, checksum: str, meta: dict[str, Any]) -> bool:
+        """FragmentStore.put, in the next batch: True if it replaced a fragment."""
+        fut: asyncio.Future[bool] = self._loop.create_future()
+        with self._cv:
+            if self._closed:
+                raise Unavailable("storage node shutting down")
+            self._queue.append((fid, body, checksum, meta, fut))
+            self._cv.notify()
+        # a caller that goes away (its client hung up) leaves the put to finish, as a
+        # pool thread would have: the answer is dropped (and an error seen here)
+        fut.add_done_callback(_seen)
+        return await asyncio.shield(fut)
+
+    def close(self) -> None:
+        """Write what is queued, then stop the thread."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                batch, self._queue = self._queue, []
+            results: list[tuple[asyncio.Future[bool], bool | BaseException]] = []
+            written: list[tuple[Written, asyncio.Future[bool]]] = []
+            try:
+                self._write(batch, results, written)
+            except BaseException as exc:   # noqa: BLE001 - a bug must fail the batch, not hang it
+                log.exception("fragment batch failed")
+                for w, _ in written:    # appended, neither committed nor given up yet
+                    with contextlib.suppress(Exception):
+                        self.store.abandon(w)
+                done = {id(f) for f, _ in results}
+                results += [(b[4], exc) for b in batch if id(b[4]) not in done]
+            self.batches += 1
+            self.puts += len(batch)
+            with contextlib.suppress(RuntimeError):   # the loop closed: nobody is waiting
+                self._loop.call_soon_threadsafe(_settle, results)
+
+    def _write(self, batch: list[tuple[str, Any, str, dict[str, Any], asyncio.Future[bool]]],
+               results: list[tuple[asyncio.Future[bool], bool | BaseException]],
+               written: list[tuple[Written, asyncio.Future[bool]]]) -> None:
+        """Append every record, sync each volume once, then commit or give up each one:
+        `results` gets every put's answer, `written` holds the records appended and not
+        yet committed or given up (taken off one at a time)."""
+        store = self.store
+        for fid, body, checksum, meta, fut in batch:
+            try:
+                written.append((store.write_record(fid, body, checksum, meta), fut))
+            except Exception as exc:  # noqa: BLE001 - this put's answer
+                results.append((fut, exc))
+        failed: dict[int, OSError] = {}
+        if store.fsync:
+            for vol in {id(w.vol): w.vol for w, _ in written}.values():
+                try:
+                    vol.sync()
+                except OSError as exc:
+                    failed[id(vol)] = exc
+        while written:
+            w, fut = written.pop(0)
+            sync_error = failed.get(id(w.vol))
+            if sync_error is not None:
+                store.abandon(w)
+                results.append((fut, sync_error))
+            else:
+                results.append((fut, store.commit_record(w)))
+
+
+PUTS = web.AppKey("puts", PutQueue)
+
+
+def _seen(fut: asyncio.Future[bool]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _settle(results: list[tuple[asyncio.Future[bool], bool | BaseException]]) -> None:
+    for fut, result in results:
+        if fut.done():
+            continue
+        if isinstance(result, BaseException):
+            fut.set_exception(result)
+        else:
+            fut.set_result(result)
+
+
 async def put_fragment(request: web.Request) -> web.Response:
     checksum = request.headers.get(CHECKSUM_HEADER, "")
     meta = unpack_header(request.headers.get(META_HEADER))
     body = await read_body(request)
-    replaced = await _in_thread(request.app[STORE].put, request.match_info["fid"],
-                                body, checksum, meta)
+    replaced = await request.app[PUTS].put(request.match_info["fid"], body, checksum, meta)
     return web.Response(status=200 if replaced else 201)
 
 
@@ -247,7 +357,9 @@ def make_app(config: StorageConfig) -> web.Application:
         volumes = app[STORE].disk()["volumes"]
         ensure_fd_limit_for_files(max(2 * volumes, volumes + 1024))
         app[SCRUB_NOW_LOCK] = asyncio.Lock()
+        app[PUTS] = PutQueue(app[STORE])
         yield
+        await _in_thread(app[PUTS].close)
 
     async def background_scrub(app: web.Application) -> AsyncIterator[None]:
         if config.scrub_rate_mb_s <= 0:
