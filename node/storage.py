@@ -289,6 +289,12 @@ def storage_metrics(app: web.Application) -> Families:
                 "records and tombstones not yet compacted away.", disk["dead_bytes"])
     yield counter("ecstore_storage_compactions", "Volumes compacted (live records copied "
                   "to the newest volume, the file deleted).", app[COMPACTIONS][0])
+    puts = app.get(PUTS)
+    if puts is not None:
+        yield counter("ecstore_storage_fragment_puts", "Fragment puts the writer thread "
+                      "took (stored or refused).", puts.puts)
+        yield counter("ecstore_storage_put_batches", "Batches the writer thread wrote, one "
+                      "sync each: puts per batch = how much they share a sync.", puts.batches)
     yield gauge("ecstore_storage_quarantined_fragments", "Fragment files in quarantine "
                 "(found corrupt by a reader or the scrubber).", store.quarantined)
     yield gauge("ecstore_storage_disk_free_bytes", "Free bytes on the data disk (for "

@@ -158,6 +158,11 @@ def test_puts_raise_request_counters_and_bytes_in_on_every_role(cluster: LocalCl
     frag_puts = sum(delta(i, "ecstore_http_requests_total", op="put_fragment", status="201")
                     for i in nodes(cluster, "storage"))
     assert frag_puts == n * 6
+    # every one went through a storage node's writer thread, in batches of one or more
+    taken = [delta(i, "ecstore_storage_fragment_puts_total") for i in nodes(cluster, "storage")]
+    batches = [delta(i, "ecstore_storage_put_batches_total") for i in nodes(cluster, "storage")]
+    assert sum(taken) == n * 6
+    assert all(0 < b <= t for b, t in zip(batches, taken))
     frag_bytes = sum(delta(i, "ecstore_http_received_bytes_total", op="put_fragment")
                      for i in nodes(cluster, "storage"))
     assert frag_bytes >= n * OBJECT_BYTES * 6 / 4
