@@ -137,8 +137,9 @@ class PutQueue:
                 for w, _ in written:    # appended, neither committed nor given up yet
                     with contextlib.suppress(Exception):
                         self.store.abandon(w)
+                err = exc if isinstance(exc, Exception) else RuntimeError("write interrupted")
                 done = {id(f) for f, _ in results}
-                results += [(b[4], exc) for b in batch if id(b[4]) not in done]
+                results += [(b[4], err) for b in batch if id(b[4]) not in done]
             self.batches += 1
             self.puts += len(batch)
             with contextlib.suppress(RuntimeError):   # the loop closed: nobody is waiting
