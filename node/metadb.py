@@ -199,17 +199,17 @@ class GroupCommit:
         self.mutations = 0
 
     async def apply(self, fn: Mutation[T], lazy: bool = False) -> T:
-        fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Pending(fn, lazy, fut))
-        if not self._running:
-            self._running = True
-            asyncio.ensure_future(self._drain())
+        fut: asyncio.Future[T] = self._enqueue([fn], lazy)[0]
         return await fut
 
     async def apply_many(self, fns: list[Mutation[Any]], lazy: bool = False
                          ) -> list[Any | BaseException]:
         """apply() of each, queued together (one batch, unless one is on its way): their
         results or exceptions, in order."""
+        return await asyncio.gather(*self._enqueue(fns, lazy), return_exceptions=True)
+
+    def _enqueue(self, fns: list[Mutation[Any]], lazy: bool) -> list[asyncio.Future[Any]]:
+        """Queue fns for the next batch (starting the drain if none is on its way)."""
         loop = asyncio.get_running_loop()
         futs: list[asyncio.Future[Any]] = []
         for fn in fns:
@@ -218,7 +218,7 @@ class GroupCommit:
         if futs and not self._running:
             self._running = True
             asyncio.ensure_future(self._drain())
-        return await asyncio.gather(*futs, return_exceptions=True)
+        return futs
 
     async def drained(self) -> None:
         """Wait until every queued mutation is written (before closing the database)."""

@@ -42,6 +42,7 @@ from node.server import (
 )
 from store.auth import CHECKSUM_HEADER
 from store.errors import Unavailable
+from store.transport import retrieved
 from store.wire import FRAGMENT_CRC_HEADER as CRC_HEADER
 from store.wire import FRAGMENT_META_HEADER as META_HEADER
 from store.wire import pack, pack_header, unpack_header
@@ -110,7 +111,7 @@ class PutQueue:
             self._cv.notify()
         # a caller that goes away (its client hung up) leaves the put to finish, as a
         # pool thread would have: the answer is dropped (and an error seen here)
-        fut.add_done_callback(_seen)
+        fut.add_done_callback(retrieved)
         return await asyncio.shield(fut)
 
     def close(self) -> None:
@@ -175,11 +176,6 @@ class PutQueue:
 
 
 PUTS = web.AppKey("puts", PutQueue)
-
-
-def _seen(fut: asyncio.Future[bool]) -> None:
-    if not fut.cancelled():
-        fut.exception()
 
 
 def _settle(results: list[tuple[asyncio.Future[bool], bool | BaseException]]) -> None:

@@ -37,7 +37,7 @@ from store.listing import ListResult, merge_listing
 from store.metadata import MetaQuorum, effective_quorums, first_answers
 from store.names import SYSTEM_BUCKETS, check_bucket_name, check_key
 from store.striping import Extent, extent_slices, fragment_id, plan_fetches, record_extents, resolve_range
-from store.transport import LoopBound, Transport, operation, quote_key, traced_stream
+from store.transport import LoopBound, Transport, operation, quote_key, retrieved, traced_stream
 from store.wire import FRAGMENT_CRC_HEADER, FRAGMENT_META_HEADER, pack, pack_header, unpack
 
 FRAGMENT_TIMEOUT_S = 30.0
@@ -203,7 +203,7 @@ class Client(LoopBound):
             return self._map
         if self._map_fetch is None or self._map_fetch.done():
             self._map_fetch = asyncio.ensure_future(self._fetch_newest_map())
-            self._map_fetch.add_done_callback(_retrieve)
+            self._map_fetch.add_done_callback(retrieved)
         if self._map is not None and not refresh:
             return self._map  # stale while revalidating: the fetch never delays a request
         try:
@@ -707,7 +707,7 @@ class Client(LoopBound):
         if self._reads_flush is None or self._reads_flush.done():
             delay = 0.0 if len(self._reads) >= MAX_PENDING_READS else READS_FLUSH_S
             self._reads_flush = asyncio.ensure_future(self._flush_reads_after(delay))
-            self._reads_flush.add_done_callback(_retrieve)
+            self._reads_flush.add_done_callback(retrieved)
 
     async def _flush_reads_after(self, delay: float) -> None:
         await asyncio.sleep(delay)
@@ -759,7 +759,7 @@ class Client(LoopBound):
         def done(f: asyncio.Future[bytes]) -> None:
             if self._segment_fetches.get(key) is f:
                 del self._segment_fetches[key]
-            _retrieve(f)
+            retrieved(f)
         fut.add_done_callback(done)
         return await asyncio.shield(fut)  # a cancelled reader leaves it to the others
 
@@ -821,7 +821,7 @@ class Client(LoopBound):
 
     def _prefetch_done(self, task: asyncio.Future[bytes]) -> None:
         self._prefetches -= 1
-        _retrieve(task)
+        retrieved(task)
 
     @operation
     async def read_segment(self, cmap: ClusterMap, record: dict[str, Any], seg: int,
@@ -1057,13 +1057,7 @@ async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
 
 def _segment_done(slot: _Slot, task: asyncio.Future[None]) -> None:
     slot.release()
-    _retrieve(task)  # a failed put re-raises its first failure; the others are seen here
-
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    """Mark a background task's exception as seen (it is raised to any awaiter anyway)."""
-    if not task.cancelled():
-        task.exception()
+    retrieved(task)  # a failed put re-raises its first failure; the others are seen here
 
 
 def expected_fragment_nodes(cmap: ClusterMap, record: dict[str, Any], seg: int,

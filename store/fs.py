@@ -56,6 +56,7 @@ from store.errors import (
 )
 from store.listing import ListEntry
 from store.striping import record_extents
+from store.transport import retrieved
 
 MiB = 1 << 20
 WRITE_BLOCK_BYTES = 4 * MiB     # a writer hands the put one block this size at a time
@@ -597,7 +598,7 @@ class ECStoreReadFile(AbstractBufferedFile):  # type: ignore[misc]
             return fut
         fut = asyncio.ensure_future(self.fs._read_range(self.path, self.record, self.bounds[i],
                                                         self.bounds[i + 1]))
-        fut.add_done_callback(_retrieve)
+        fut.add_done_callback(retrieved)
         self._segments[i] = fut
         while len(self._segments) > READ_KEEP_SEGMENTS + READ_AHEAD_SEGMENTS:
             # forgotten, not cancelled: a read in progress may be waiting for it
@@ -612,11 +613,6 @@ class ECStoreReadFile(AbstractBufferedFile):  # type: ignore[misc]
                 with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(f.cancel)
         super().close()
-
-
-def _retrieve(fut: asyncio.Future[Any]) -> None:
-    if not fut.cancelled():
-        fut.exception()
 
 
 async def _drain(queue: asyncio.Queue[bytes | None]) -> AsyncIterator[bytes]:
@@ -672,7 +668,7 @@ class ECStoreWriteFile(AbstractBufferedFile):  # type: ignore[misc]
         # put holds may keep this file alive, so that an unclosed file is collected.
         self.fs._puts.add(task)
         task.add_done_callback(self.fs._puts.discard)
-        task.add_done_callback(_retrieve)
+        task.add_done_callback(retrieved)
         self._task = task
 
     async def _feed(self, block: bytes | None) -> None:

@@ -36,6 +36,13 @@ def new_request_id() -> str:
     return f"{random.getrandbits(64):016X}"
 
 
+def retrieved(fut: asyncio.Future[Any]) -> None:
+    """Mark a future's exception as seen (a done callback for one nobody may await: its
+    error is raised to any awaiter anyway, and asyncio would log it as never retrieved)."""
+    if not fut.cancelled():
+        fut.exception()
+
+
 class LoopBound:
     """State that belongs to one asyncio event loop (connections, futures, semaphores),
     moved to the running loop when the object is used from a new one: a script may call
