@@ -65,6 +65,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from node import pagecache
 from store.digest import matches as digest_matches
 from store.errors import BadRequest, Corrupt, InsufficientStorage, NotFound
 from store.wire import pack, unpack
@@ -77,6 +78,7 @@ VOLUME_MAGIC = b"ECVOL001"
 VOLUME_HEADER = struct.Struct(">8s8sQ")     # magic, salt, seq when the volume was made
 RECORD_PREFIX = struct.Struct(">4sII")      # magic, header length, CRC-32 of salt + header
 MAX_HEADER_BYTES = 64 * 1024
+CACHED_HEAD_BYTES = 1024         # read first for a cached body: most headers are ~200 bytes
 QUARANTINE_SEPARATOR = "~"  # never in a fragment id: `{fid}~{ns}` for a second copy
 DEFAULT_RESERVE_FRACTION = 0.01            # refuse fragments that would leave less free
 DEFAULT_RESERVE_MAX_BYTES = 1024 ** 3      # ... but never reserve more than 1 GiB
@@ -101,6 +103,16 @@ class Fragment:
     checksum: str
     meta: dict[str, Any]
     body: bytes | memoryview
+
+
+class CachedBody(NamedTuple):
+    """A fragment's body in a volume file, in the page cache (FragmentStore.cached_body):
+    holding `vol` keeps its file open."""
+    vol: Volume
+    checksum: str
+    meta: dict[str, Any]
+    offset: int
+    length: int
 
 
 class Written(NamedTuple):
@@ -580,6 +592,31 @@ class FragmentStore:
         except Corrupt:
             return None
 
+    def cached_body(self, fid: str, min_bytes: int = 0) -> CachedBody | None:
+        """Where a fragment's body is, with its checksum and meta, when its whole record
+        is in the page cache (node.pagecache): for sendfile from the event loop. None when
+        the record is under `min_bytes`, some of it is not cached, the kernel cannot
+        tell, or the header looks damaged (read() in a thread then quarantines it);
+        NotFound."""
+        if not pagecache.available():
+            return None
+        loc, vol = self._locate(fid)
+        off, length = loc_off(loc), loc_length(loc)
+        if length < min_bytes or not pagecache.resident(vol.fd, off, length):
+            return None
+        head = os.pread(vol.fd, min(length, CACHED_HEAD_BYTES), off)
+        if head[:4] == RECORD_MAGIC and len(head) >= RECORD_PREFIX.size:
+            want = RECORD_PREFIX.size + RECORD_PREFIX.unpack_from(head)[1]
+            if len(head) < want <= min(length, RECORD_PREFIX.size + MAX_HEADER_BYTES):
+                head = os.pread(vol.fd, want, off)
+        try:
+            start, checksum, size, meta = parse_record_head(fid, head)
+        except Corrupt:
+            return None
+        if head[:4] != RECORD_MAGIC or start + size != length:
+            return None
+        return CachedBody(vol, checksum, meta, off + start, size)
+
     def read_raw(self, fid: str) -> tuple[bytes, Loc]:
         """A fragment's whole record, unchecked, and where it was read from (for
         quarantine_fragment); NotFound."""
@@ -928,6 +965,16 @@ def _fsync_dir(path: Path | str) -> None:
 def parse_fragment(fid: str, raw: bytes | bytearray, verify: bool = True) -> Fragment:
     """A fragment from a volume record (b"ECV1") or a fragment file of the earlier
     layout (b"ECF1"; quarantined copies); Corrupt if damaged or not `fid`'s."""
+    start, checksum, size, meta = parse_record_head(fid, raw)
+    body = memoryview(raw)[start:]  # no copy of the body: hashed and sent as is
+    if len(body) != size or (verify and not digest_matches(body, checksum)):
+        raise Corrupt(f"fragment {fid} failed its checksum")
+    return Fragment(fid, checksum, meta, body)
+
+
+def parse_record_head(fid: str, raw: bytes | bytearray) -> tuple[int, str, int, dict[str, Any]]:
+    """(where the body starts, checksum, body size, meta) from the start of a record or
+    fragment file (at least its whole header); Corrupt if damaged or not `fid`'s."""
     if raw[:4] == RECORD_MAGIC and len(raw) >= RECORD_PREFIX.size:
         _, hlen, _ = RECORD_PREFIX.unpack_from(raw)
         start = RECORD_PREFIX.size
@@ -945,7 +992,4 @@ def parse_fragment(fid: str, raw: bytes | bytearray, verify: bool = True) -> Fra
             raise Corrupt(f"fragment {fid}'s record names another fragment")
     except (BadRequest, KeyError, TypeError, AttributeError):
         raise Corrupt(f"fragment {fid} has a damaged header") from None
-    body = memoryview(raw)[start + hlen:]  # no copy of the body: hashed and sent as is
-    if len(body) != size or (verify and not digest_matches(body, checksum)):
-        raise Corrupt(f"fragment {fid} failed its checksum")
-    return Fragment(fid, checksum, meta, body)
+    return start + hlen, checksum, size, meta

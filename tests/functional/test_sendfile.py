@@ -1,0 +1,214 @@
+"""A storage node sends a fragment whose record is in the page cache with sendfile(2),
+and reads any other in a thread: one storage node in-process over real TCP, its volumes
+on a real disk. Every read is checked byte for byte against what was put."""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import struct
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from node import pagecache
+from node.fragments import CachedBody, FragmentStore, loc_length, loc_off
+from node.logs import request_log
+from node.metrics import access_log_class
+from node.server import OBSERVER
+from node.storage import SENDFILE_MIN_BYTES, SENDS, STORE, StorageConfig, _sendfile, make_app
+from store.auth import CHECKSUM_HEADER, sign_headers
+from store.digest import digest
+from store.transport import Transport
+from tests.functional.harness import SECRET
+
+needs_cachestat = pytest.mark.skipif(
+    not pagecache.supported(),
+    reason="this kernel has no cachestat(2) (Linux 6.5+) or a seccomp filter refuses it: "
+           "every fragment is read in a thread there")
+
+
+def serve(tmp_path: Path, body: Callable[[Transport, str, web.Application], Awaitable[None]]
+          ) -> None:
+    async def go() -> None:
+        app = make_app(StorageConfig("s1", tmp_path, SECRET, scrub_rate_mb_s=0))
+        server = TestServer(app, host="127.0.0.1")
+        await server.start_server(access_log=request_log,   # the request metrics too
+                                  access_log_class=access_log_class(app[OBSERVER]))
+        t = Transport(SECRET)
+        try:
+            await asyncio.wait_for(body(t, str(server.make_url("")).rstrip("/"), app), 30)
+        finally:
+            await t.close()
+            await server.close()
+    asyncio.run(go())
+
+
+def evict(app: web.Application) -> None:
+    """Drop every volume file's pages from the page cache (they are synced: clean)."""
+    for path in app[STORE].vdir.glob("*.vol"):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+async def get(t: Transport, url: str, fid: str) -> bytes:
+    r = await t.request("GET", url, f"/v1/fragments/{fid}")
+    assert r.headers[CHECKSUM_HEADER.lower()] == digest(bytes(r.body))
+    return bytes(r.body)
+
+
+SIZES = [1, SENDFILE_MIN_BYTES // 2, SENDFILE_MIN_BYTES, 300 * 1024 + 3, 1 << 20, (3 << 20) + 7]
+
+
+@needs_cachestat
+def test_cached_fragments_go_by_sendfile_and_arrive_whole(tmp_path: Path) -> None:
+    bodies = {f"f{i}.0.0": os.urandom(n) for i, n in enumerate(SIZES)}
+
+    async def body(t: Transport, url: str, app: web.Application) -> None:
+        for fid, b in bodies.items():
+            assert (await t.request("PUT", url, f"/v1/fragments/{fid}", body=b)).status == 201
+        for _ in range(2):    # twice: the connection stays usable after a sendfile answer
+            for fid, b in bodies.items():
+                assert await get(t, url, fid) == b
+        big = [n for n in SIZES if n >= SENDFILE_MIN_BYTES]
+        assert app[SENDS].gets == 2 * len(big)
+        assert app[SENDS].bytes == 2 * sum(big)
+        text = (await t.request("GET", url, "/metrics")).body.decode()
+        samples = {(s.name, s.labels.get("op")): s.value
+                   for fam in text_string_to_metric_families(text) for s in fam.samples}
+        assert samples[("ecstore_storage_sendfile_gets_total", None)] == 2 * len(big)
+        assert samples[("ecstore_storage_sendfile_bytes_total", None)] == 2 * sum(big)
+        # the bytes a node sent count what went by sendfile too: every body, and the heads
+        assert samples[("ecstore_http_sent_bytes_total", "get_fragment")] > 2 * sum(SIZES)
+    serve(tmp_path, body)
+
+
+@needs_cachestat
+def test_a_fragment_not_in_the_page_cache_is_read_in_a_thread(tmp_path: Path) -> None:
+    data = os.urandom(2 << 20)
+
+    async def body(t: Transport, url: str, app: web.Application) -> None:
+        await t.request("PUT", url, "/v1/fragments/cold.0.0", body=data)
+        evict(app)
+        assert app[STORE].cached_body("cold.0.0") is None
+        assert await get(t, url, "cold.0.0") == data
+        assert app[SENDS].gets == 0
+        assert await get(t, url, "cold.0.0") == data    # cached by the first read now
+        assert app[SENDS].gets == 1
+    serve(tmp_path, body)
+
+
+def test_without_cachestat_every_fragment_is_read_as_before(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pagecache, "_available", False)
+    bodies = {f"g{i}.0.0": os.urandom(n) for i, n in enumerate(SIZES)}
+
+    async def body(t: Transport, url: str, app: web.Application) -> None:
+        for fid, b in bodies.items():
+            await t.request("PUT", url, f"/v1/fragments/{fid}", body=b)
+        for fid, b in bodies.items():
+            assert await get(t, url, fid) == b
+        evict(app)
+        for fid, b in bodies.items():
+            assert await get(t, url, fid) == b
+        assert app[SENDS].gets == 0
+    serve(tmp_path, body)
+
+
+async def raw_get(url: str, fid: str, rcvbuf: int) -> tuple[socket.socket, bytes]:
+    """A GET sent on a plain socket with a small receive buffer, nothing read yet."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, (host, int(port)))
+    path = f"/v1/fragments/{fid}"
+    head = f"GET {path} HTTP/1.1\r\nHost: {host}\r\n" + "".join(
+        f"{k}: {v}\r\n" for k, v in sign_headers(SECRET, "GET", path).items()) + "\r\n"
+    await loop.sock_sendall(sock, head.encode())
+    return sock, b""
+
+
+async def read_response(sock: socket.socket) -> tuple[int, bytes]:
+    loop, got = asyncio.get_running_loop(), bytearray()
+    while b"\r\n\r\n" not in got:
+        chunk = await loop.sock_recv(sock, 65536)
+        assert chunk, "connection closed before the head"
+        got += chunk
+    head, _, rest = bytes(got).partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    length = next(int(line.split(":")[1]) for line in lines
+                  if line.lower().startswith("content-length:"))
+    body = bytearray(rest)
+    while len(body) < length:
+        chunk = await loop.sock_recv(sock, 1 << 20)
+        assert chunk, f"connection closed after {len(body)} of {length} body bytes"
+        body += chunk
+    return int(lines[0].split()[1]), bytes(body)
+
+
+@needs_cachestat
+def test_a_slow_reader_gets_what_sendfile_could_not_send_written_after_it(tmp_path: Path) -> None:
+    data = os.urandom(8 << 20)
+
+    async def body(t: Transport, url: str, app: web.Application) -> None:
+        await t.request("PUT", url, "/v1/fragments/slow.0.0", body=data)
+        sock, _ = await raw_get(url, "slow.0.0", rcvbuf=4096)
+        try:
+            await asyncio.sleep(0.3)      # the node answers while nothing is read
+            assert 0 < app[SENDS].bytes < len(data)   # the socket took only part of it
+            status, got = await read_response(sock)
+        finally:
+            sock.close()
+        assert status == 200 and got == data
+        assert await get(t, url, "slow.0.0") == data
+    serve(tmp_path, body)
+
+
+@needs_cachestat
+def test_a_client_that_resets_mid_answer_leaves_the_node_serving(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    data = os.urandom(8 << 20)
+
+    async def body(t: Transport, url: str, app: web.Application) -> None:
+        await t.request("PUT", url, "/v1/fragments/gone.0.0", body=data)
+        for _ in range(5):
+            sock, _ = await raw_get(url, "gone.0.0", rcvbuf=4096)
+            await asyncio.sleep(0.05)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()                  # RST with the answer half sent
+        await asyncio.sleep(0.2)
+        assert await get(t, url, "gone.0.0") == data
+    serve(tmp_path, body)
+    assert "unhandled error" not in caplog.text
+
+
+def test_sendfile_to_a_closed_connection_says_so_and_short_files_stop_it(tmp_path: Path) -> None:
+    store = FragmentStore(tmp_path)
+    data = os.urandom(256 * 1024)
+    store.put("h.0.0", data, digest(data), {})
+    loc, vol = store._locate("h.0.0")
+    cached = CachedBody(vol, digest(data), {}, loc_off(loc) + loc_length(loc) - len(data), len(data))
+    ours, theirs = socket.socketpair()
+    try:
+        theirs.close()
+        assert _sendfile(ours.fileno(), cached) == -1    # EPIPE: the client is gone
+    finally:
+        ours.close()
+    ours, theirs = socket.socketpair()
+    try:
+        ours.setblocking(False)
+        past_end = cached._replace(offset=os.fstat(vol.fd).st_size - 100)
+        assert _sendfile(ours.fileno(), past_end) == 100   # the file ends: no endless loop
+        assert theirs.recv(200) == os.pread(vol.fd, 100, past_end.offset)
+    finally:
+        ours.close()
+        theirs.close()
