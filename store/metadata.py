@@ -235,7 +235,10 @@ class MetaQuorum:
         return True
 
     async def _send_alone(self, q: _Queued) -> None:
-        token = request_id.set(q.rid)
+        # gather runs each in a task of its own, in a copy of the context: the id is set in
+        # that copy only, nothing to reset (a reset in `finally` raised ValueError when the
+        # GC closed the coroutine in another context after its loop had ended)
+        request_id.set(q.rid)
         try:
             result = await q.alone()
         except Exception as exc:  # noqa: BLE001 - the caller's, as if it had sent it
@@ -244,8 +247,6 @@ class MetaQuorum:
         else:
             if not q.fut.done():
                 q.fut.set_result(result)
-        finally:
-            request_id.reset(token)
 
     async def read(self, nodes: tuple[Node, ...], path: str, needed: int,
                    repair: bool = True, object_name: tuple[str, str] | None = None
