@@ -18,9 +18,9 @@ import secrets
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Callable, Protocol, TypeVar
+from typing import Any, BinaryIO, Callable, Protocol, TypeVar, overload
 
 from placement.cluster_map import ClusterMap
 from placement.nodes import Node
@@ -62,7 +62,8 @@ MAX_USER_META_BYTES = 2048
 BUCKET_CACHE_TTL_S = 5.0
 MAP_TTL_S = 2.0                # how long a client trusts its cluster map before asking again
 T = TypeVar("T")
-Source = bytes | bytearray | memoryview | str | os.PathLike[str] | BinaryIO | AsyncIterator[bytes]
+Source = (bytes | bytearray | memoryview | str | os.PathLike[str] | BinaryIO
+          | AsyncIterator[bytes] | AsyncIterator[bytes | bytearray])
 
 
 def new_version_id() -> str:
@@ -141,7 +142,7 @@ class Client(LoopBound):
             cache_max_bytes = int(float(os.environ.get("ECSTORE_CACHE_MAX_MB") or
                                         DEFAULT_CACHE_MAX_MB) * 2**20)
         self.cache = SegmentCache(cache_dir, cache_max_bytes) if cache_dir else None
-        self._segment_fetches: dict[str, asyncio.Future[bytes]] = {}  # coalescing
+        self._segment_fetches: dict[str, asyncio.Future[bytes | bytearray]] = {}  # coalescing
         self._last_segment: OrderedDict[str, int] = OrderedDict()  # version -> last read
         self._prefetches = 0
         # what reached the cluster and what did not, for tests and benchmarks
@@ -639,12 +640,12 @@ class Client(LoopBound):
     async def get(self, bucket: str, key: str, start: int | None = None,
                   end: int | None = None) -> bytes:
         """The object's bytes, or bytes start..end inclusive (HTTP range rules)."""
-        parts = [bytes(p) async for p in self.get_stream(bucket, key, start, end)]
-        return b"".join(parts)
+        parts = [p async for p in self.get_stream(bucket, key, start, end)]
+        return bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
 
     def get_stream(self, bucket: str, key: str, start: int | None = None,
                    end: int | None = None, record: dict[str, Any] | None = None,
-                   note_read: bool = True) -> AsyncGenerator[bytes, None]:
+                   note_read: bool = True) -> AsyncGenerator[bytes | bytearray, None]:
         """Yield the object's bytes segment by segment, reading ahead a few segments.
 
         Pass `record` (from live_record) when the caller has read it already.
@@ -653,7 +654,7 @@ class Client(LoopBound):
 
     async def _get_stream(self, bucket: str, key: str, start: int | None, end: int | None,
                           record: dict[str, Any] | None, note_read: bool
-                          ) -> AsyncGenerator[bytes, None]:
+                          ) -> AsyncGenerator[bytes | bytearray, None]:
         if record is None:
             record = await self.live_record(bucket, key)
         if note_read:
@@ -664,7 +665,7 @@ class Client(LoopBound):
                 yield record["inline"][lo:hi]
             return
         cmap = await self.cluster_map()
-        pending: list[tuple[asyncio.Task[bytes], _Slot]] = []
+        pending: list[tuple[asyncio.Task[bytes | bytearray], _Slot]] = []
         wanted = extent_slices(record_extents(record), record["segment_size"], lo, hi)
         if self.cache is not None and wanted:
             self._prefetch_if_sequential(cmap, record, wanted, hi)
@@ -735,12 +736,12 @@ class Client(LoopBound):
         await asyncio.gather(*(send(n, e) for n, e in per_node.values()), return_exceptions=True)
 
     async def _read_slice(self, cmap: ClusterMap, record: dict[str, Any], ext: Extent,
-                          seg: int, lo: int, hi: int) -> bytes:
+                          seg: int, lo: int, hi: int) -> bytes | bytearray:
         data = await self._segment(cmap, record, ext, seg)
         return data if lo == 0 and hi == len(data) else data[lo:hi]
 
     async def _segment(self, cmap: ClusterMap, record: dict[str, Any], ext: Extent,
-                       seg: int) -> bytes:
+                       seg: int) -> bytes | bytearray:
         """One decoded segment: from the disk cache, else joining a fetch of it already
         running in this process, else fetched (once across processes sharing the cache)."""
         key = SegmentCache.key(ext.version_id, seg)
@@ -756,7 +757,7 @@ class Client(LoopBound):
         fut = asyncio.ensure_future(self._fetch_segment(cmap, record, ext, seg, key))
         self._segment_fetches[key] = fut
 
-        def done(f: asyncio.Future[bytes]) -> None:
+        def done(f: asyncio.Future[bytes | bytearray]) -> None:
             if self._segment_fetches.get(key) is f:
                 del self._segment_fetches[key]
             retrieved(f)
@@ -764,17 +765,17 @@ class Client(LoopBound):
         return await asyncio.shield(fut)  # a cancelled reader leaves it to the others
 
     async def _fetch_segment(self, cmap: ClusterMap, record: dict[str, Any], ext: Extent,
-                             seg: int, key: str) -> bytes:
+                             seg: int, key: str) -> bytes | bytearray:
         if self.cache is None:
             self.read_stats["segments_fetched"] += 1
             return await self.read_segment(cmap, record, seg, ext)
         cache = self.cache
         fd = await self._cache_lock(key)
         try:
-            data = await _in_thread(cache.get, key)  # another process may have fetched it
-            if data is not None:
+            cached = await _in_thread(cache.get, key)  # another process may have fetched it
+            if cached is not None:
                 self.read_stats["cache_hits"] += 1
-                return data
+                return cached
             self.read_stats["segments_fetched"] += 1
             data = await self.read_segment(cmap, record, seg, ext)
             await _in_thread(cache.put, key, data)
@@ -819,13 +820,13 @@ class Client(LoopBound):
             task = asyncio.ensure_future(self._segment(cmap, record, ext, s.index))
             task.add_done_callback(self._prefetch_done)
 
-    def _prefetch_done(self, task: asyncio.Future[bytes]) -> None:
+    def _prefetch_done(self, task: asyncio.Future[bytes | bytearray]) -> None:
         self._prefetches -= 1
         retrieved(task)
 
     @operation
     async def read_segment(self, cmap: ClusterMap, record: dict[str, Any], seg: int,
-                           extent: Extent | None = None) -> bytes:
+                           extent: Extent | None = None) -> bytes | bytearray:
         """Decode one segment (of `extent`, default the record's first) from the first k
         good fragments (data ones first).
 
@@ -836,13 +837,15 @@ class Client(LoopBound):
         ext = extent or record_extents(record)[0]
         nodes = expected_fragment_nodes(cmap, record, seg, ext)
         vid = ext.version_id
-        good: dict[int, bytes | bytearray] = {}
+        good: dict[int, bytes | bytearray | None] = {}   # None: read into `placed`
         errors: list[str] = []
+        placed = codec.SegmentBuffer(k)
 
         async def fetch(i: int) -> None:
             fid = fragment_id(vid, seg, i)
+            into = placed if i < k else None
             try:
-                good[i] = await self.get_fragment(nodes[i], fid)
+                good[i] = await self.get_fragment(nodes[i], fid, into, i)
                 return
             except EcstoreError as exc:
                 errors.append(f"{nodes[i].id}/{i}: {exc.code}")
@@ -851,7 +854,7 @@ class Client(LoopBound):
             prev = self._previous_node(cmap, record, ext, seg, i)
             if prev is not None and prev.id != nodes[i].id:  # not moved yet by a rebalance
                 try:
-                    good[i] = await self.get_fragment(prev, fid)
+                    good[i] = await self.get_fragment(prev, fid, into, i)
                 except EcstoreError as exc:
                     errors.append(f"{prev.id}/{i}: {exc.code}")
 
@@ -900,7 +903,11 @@ class Client(LoopBound):
         picked = sorted(good)[:k]
         if picked[-1] >= k:  # a parity fragment stands in for a data one
             self.fault_stats["degraded_reads"] += 1
-        chosen = [good[i] for i in picked]
+        elif all(good[i] is None for i in picked):   # every data fragment read in place
+            segment = placed.segment()
+            if segment is not None:
+                return segment
+        chosen = [placed.fragment(i) if (f := good[i]) is None else f for i in picked]
         return codec.decode(k, m, record["ec_type"], chosen)
 
     def _hedge_delay(self) -> float:
@@ -916,15 +923,28 @@ class Client(LoopBound):
             return None
         return cmap.previous_fragment_node(record_policy(cmap, record), ext.version_id, seg, i)
 
+    @overload
+    async def get_fragment(self, node: Node, fid: str) -> bytearray: ...
+
+    @overload
+    async def get_fragment(self, node: Node, fid: str, into: codec.SegmentBuffer | None,
+                           index: int) -> bytearray | None: ...
+
     @operation
-    async def get_fragment(self, node: Node, fid: str) -> bytearray:
+    async def get_fragment(self, node: Node, fid: str, into: codec.SegmentBuffer | None = None,
+                           index: int = 0) -> bytearray | None:
+        """One fragment, checked against its checksum (Corrupt, and the node is asked to
+        verify its copy). With `into`, a data fragment whose length fits is read into the
+        segment buffer as its fragment `index` and None is returned."""
         self.read_stats["fragment_gets"] += 1
-        reply = await self.t.get_into(node.address, f"/v1/fragments/{fid}", FRAGMENT_TIMEOUT_S)
-        if not fragment_intact(reply.body, reply.headers):
+        reply = await self.t.get_into(node.address, f"/v1/fragments/{fid}", FRAGMENT_TIMEOUT_S,
+                                      None if into is None else into.sink(index))
+        pieces = into.pieces(index) if reply.scattered and into is not None else (reply.body,)
+        if not fragment_intact(pieces, reply.headers):
             self.fault_stats["checksum_failures"] += 1
             self._spawn(self._report_corrupt(node, fid))
             raise Corrupt(f"fragment {fid} from {node.id} failed its checksum")
-        return reply.body
+        return None if reply.scattered else reply.body
 
     async def _report_corrupt(self, node: Node, fid: str) -> None:
         """Ask the node to verify the fragment now: it quarantines it if the disk copy is
@@ -1038,16 +1058,23 @@ class _CountedQuorum(MetaQuorum):
             raise
 
 
-def fragment_intact(body: bytes | bytearray, headers: Mapping[str, str]) -> bool:
-    """The fragment body matches what its node stored: its CRC-32 when the node sent one
-    (fast), else - or when the CRC does not match - its digest (store.digest)."""
+def fragment_intact(pieces: Sequence[bytes | bytearray | memoryview],
+                    headers: Mapping[str, str]) -> bool:
+    """The fragment body (`pieces` in order) matches what its node stored: its CRC-32 when
+    the node sent one (fast), else - or when the CRC does not match - its digest
+    (store.digest)."""
     crc = headers.get(FRAGMENT_CRC_HEADER)
     if crc is not None and len(crc) == 8:
         try:
-            if crc32(body) == int(crc, 16):
-                return True
+            expect = int(crc, 16)
         except ValueError:
-            pass
+            expect = -1
+        value = 0
+        for piece in pieces:
+            value = crc32(piece, value)
+        if value == expect:
+            return True
+    body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
     return digest_matches(body, headers.get(CHECKSUM_HEADER))
 
 
@@ -1201,7 +1228,7 @@ class SyncClient:
             end: int | None = None) -> bytes:
         return self._run(self.client.get(bucket, key, start, end))
 
-    def get_stream(self, bucket: str, key: str) -> Iterator[bytes]:
+    def get_stream(self, bucket: str, key: str) -> Iterator[bytes | bytearray]:
         agen = self.client.get_stream(bucket, key)
         while True:
             try:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 from pyeclib.ec_iface import ECDriver
@@ -80,25 +80,93 @@ def join_data_fragments(k: int, fragments: Sequence[bytes | bytearray]) -> bytes
     The fragments' integrity is not checked here: readers verify their checksums first."""
     if len(fragments) < k:
         return None
-    size = orig = -1
+    layout = data_layout(k, fragments, [len(f) - HEADER_BYTES for f in fragments[:k]])
+    if layout is None:
+        return None
+    size, orig = layout
     pieces: list[memoryview] = []
-    left = 0
+    left = orig
     for i in range(k):
-        frag = fragments[i]
-        if len(frag) < HEADER_BYTES or _MAGIC.unpack_from(frag, _MAGIC_AT)[0] != FRAGMENT_MAGIC:
+        n = min(size, left)
+        pieces.append(memoryview(fragments[i])[HEADER_BYTES:HEADER_BYTES + n])
+        left -= n
+    return b"".join(pieces)
+
+
+def data_layout(k: int, heads: Sequence[bytes | bytearray | memoryview],
+                payloads: Sequence[int]) -> tuple[int, int] | None:
+    """(payload size, segment size) if heads[0..k-1] are the headers of data fragments
+    0..k-1 of one segment, each followed by at least its payload (payloads[i] bytes
+    there), else None."""
+    size = orig = -1
+    for i in range(k):
+        head = heads[i]
+        if len(head) < HEADER_BYTES or _MAGIC.unpack_from(head, _MAGIC_AT)[0] != FRAGMENT_MAGIC:
             return None
-        idx, fsize, backend_meta, forig = _META.unpack_from(frag, 0)
+        idx, fsize, backend_meta, forig = _META.unpack_from(head, 0)
         if i == 0:
-            size, orig, left = fsize, forig, forig
+            size, orig = fsize, forig
             if size <= 0 or not 0 < orig <= k * size:
                 return None
         if idx != i or fsize != size or forig != orig or backend_meta != 0 \
-                or len(frag) < HEADER_BYTES + size:
+                or payloads[i] < size:
             return None
-        n = min(size, left)
-        pieces.append(memoryview(frag)[HEADER_BYTES:HEADER_BYTES + n])
-        left -= n
-    return b"".join(pieces)
+    return size, orig
+
+
+class SegmentBuffer:
+    """A segment's k data fragments read in place: each fragment's header into a small
+    buffer of its own, its payload straight into the segment at i x payload - so a healthy
+    read needs no join (a copy of every byte read, 13-18% of a reader's CPU per byte).
+
+    `sink(i)` is the store.fetch.Sink for data fragment i: it takes a 200 whose length is
+    a header plus the payload length of the first one taken (the segment buffer is made
+    then). `pieces(i)` are fragment i's bytes as read (for its checksum), `fragment(i)`
+    a copy of them whole (for a degraded decode), `segment()` the segment itself."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.payload = 0
+        self.buf: bytearray | None = None
+        self.heads = [bytearray(HEADER_BYTES) for _ in range(k)]
+
+    def sink(self, i: int) -> Callable[[int, int], list[memoryview] | None]:
+        def take(status: int, length: int) -> list[memoryview] | None:
+            payload = length - HEADER_BYTES
+            if status != 200 or payload <= 0:
+                return None
+            if self.buf is None:
+                self.payload, self.buf = payload, bytearray(self.k * payload)
+            elif payload != self.payload:
+                return None
+            return list(self.pieces(i))
+        return take
+
+    def pieces(self, i: int) -> tuple[memoryview, memoryview]:
+        assert self.buf is not None
+        p = self.payload
+        return memoryview(self.heads[i]), memoryview(self.buf)[i * p:(i + 1) * p]
+
+    def fragment(self, i: int) -> bytes:
+        head, body = self.pieces(i)
+        with head, body:
+            return bytes(head) + bytes(body)
+
+    def segment(self) -> bytearray | None:
+        """The segment, once all k data fragments were read in (and checked); None if
+        their headers do not make one (the caller decodes their copies instead)."""
+        if self.buf is None:
+            return None
+        layout = data_layout(self.k, self.heads, [self.payload] * self.k)
+        if layout is None or layout[0] != self.payload:
+            return None
+        buf, orig = self.buf, layout[1]
+        if orig < len(buf):
+            try:
+                del buf[orig:]          # the last segment's padding; in place
+            except BufferError:         # a view of it still held somewhere: copy
+                return bytearray(memoryview(buf)[:orig])
+        return buf
 
 
 def reconstruct(k: int, m: int, ec_type: str, fragments: Sequence[bytes | bytearray],

@@ -21,6 +21,7 @@ MAX_IN_FLIGHT_PER_NODE requests run per node at once (the rest wait, within thei
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -37,11 +38,19 @@ CONNECT_TIMEOUT_S = 3.0
 SCRATCH_BYTES = 64 * 1024
 
 
+# Where a response body goes instead of a buffer of its own: called with the status and
+# Content-Length once the head is read, it returns writable views, none empty, whose
+# lengths add up to the Content-Length (the body is read into them in order), or None for
+# the usual buffer.
+Sink = Callable[[int, int], "list[memoryview] | None"]
+
+
 @dataclass(frozen=True)
 class Response:
     status: int
     headers: dict[str, str]       # names lower-cased
-    body: bytearray
+    body: bytearray               # empty when the body went into a sink's views
+    scattered: bool = False       # it did
 
 
 class _Conn(asyncio.BufferedProtocol):
@@ -57,8 +66,10 @@ class _Conn(asyncio.BufferedProtocol):
         self._scratch = scratch
         self._head = bytearray()
         self._body: bytearray | None = None
-        self._view: memoryview | None = None
-        self._got = 0
+        self._views: list[memoryview] | None = None   # the body's destination
+        self._vi = 0                   # the view being filled
+        self._got = 0                  # bytes in it so far
+        self._sink: Sink | None = None
         self._fut: asyncio.Future[Response] | None = None
         self._status = 0
         self._headers: dict[str, str] = {}
@@ -78,15 +89,15 @@ class _Conn(asyncio.BufferedProtocol):
         return False   # close our side too
 
     def get_buffer(self, sizehint: int) -> memoryview | bytearray:
-        if self._view is not None and self._got < len(self._view):
-            return self._view[self._got:]
+        if self._views is not None:
+            return self._views[self._vi][self._got:]
         return self._scratch
 
     def buffer_updated(self, nbytes: int) -> None:
-        if self._view is not None:
+        if self._views is not None:
             self._got += nbytes
-            if self._got == len(self._view):
-                self._complete()
+            if self._got == len(self._views[self._vi]):
+                self._next_view()
             return
         if self._fut is None:            # bytes nobody asked for
             self._abort("unexpected bytes on an idle connection")
@@ -102,25 +113,49 @@ class _Conn(asyncio.BufferedProtocol):
         except ValueError as exc:
             self._abort(f"malformed response: {exc}")
             return
-        rest = self._head[end + 4:]
-        self._head = bytearray()
+        rest = memoryview(self._head)[end + 4:]
         if len(rest) > length:
+            rest.release()
             self._abort("more bytes than Content-Length")
             return
-        self._body = bytearray(length)
-        self._view = memoryview(self._body)
-        self._view[:len(rest)] = rest
-        self._got = len(rest)
-        if self._got == length:
+        views = self._sink(self._status, length) if self._sink is not None and length else None
+        if views is not None and (sum(len(v) for v in views) != length
+                                  or not all(len(v) for v in views)):
+            views = None                 # not what it is for: the usual buffer
+        if views is None:
+            self._body = bytearray(length)
+            views = [memoryview(self._body)]
+        else:
+            self._body = None
+        self._views, self._vi, self._got = views, 0, 0
+        head, self._head = self._head, bytearray()
+        if not length:
+            self._complete()
+        while len(rest):                 # what came with the head, into the first views
+            n = min(len(rest), len(views[self._vi]) - self._got)
+            views[self._vi][self._got:self._got + n] = rest[:n]
+            rest = rest[n:]
+            self._got += n
+            if self._got == len(views[self._vi]):
+                self._next_view()
+        rest.release()
+        del head
+
+    def _next_view(self) -> None:
+        assert self._views is not None
+        self._vi += 1
+        self._got = 0
+        if self._vi == len(self._views):
             self._complete()
 
     # -- our side --
     def start(self, head: bytes, body: bytes | bytearray | memoryview = b"",
-              no_body: bool = False) -> asyncio.Future[Response]:
+              no_body: bool = False, sink: Sink | None = None) -> asyncio.Future[Response]:
         assert self.transport is not None and self._fut is None
         self._fut = asyncio.get_running_loop().create_future()
         self.reusable = False
         self._no_body = no_body
+        self._sink = sink
         if len(body) <= SMALL_BODY_BYTES:
             self.transport.write(head + body if body else head)
         else:
@@ -163,15 +198,15 @@ class _Conn(asyncio.BufferedProtocol):
 
     def _complete(self) -> None:
         fut, body = self._fut, self._body
-        self._fut, self._body, self._view, self._got = None, None, None, 0
+        self._fut, self._body, self._views, self._sink, self._got = None, None, None, None, 0
         self.reusable = self._keep
         if fut is not None and not fut.done():
-            assert body is not None
-            fut.set_result(Response(self._status, self._headers, body))
+            fut.set_result(Response(self._status, self._headers,
+                                    bytearray() if body is None else body, body is None))
 
     def _fail(self, why: str) -> None:
         fut = self._fut
-        self._fut, self._body, self._view = None, None, None
+        self._fut, self._body, self._views, self._sink = None, None, None, None
         if fut is not None and not fut.done():
             fut.set_exception(ConnectionError(why))
 
@@ -222,7 +257,8 @@ class NodeClient:
     async def request(self, method: str, base_url: str, path_qs: str, timeout_s: float,
                       body: bytes | bytearray | memoryview = b"",
                       checksum: str = EMPTY_SHA256,
-                      extra_headers: dict[str, str] | None = None) -> Response:
+                      extra_headers: dict[str, str] | None = None,
+                      sink: Sink | None = None) -> Response:
         """One request signed with `checksum` (the body's SHA-256 hex); the response
         whatever its status, or Unreachable if none could be had in `timeout_s`.
 
@@ -245,7 +281,8 @@ class NodeClient:
                 for attempt in (0, 1):
                     conn, reused = await self._connection(addr, reuse=attempt == 0)
                     try:
-                        resp = await conn.start(head, body, no_body=method == "HEAD")
+                        resp = await conn.start(head, body, no_body=method == "HEAD",
+                                                sink=sink)
                     except ConnectionError:
                         conn.abort()
                         if reused:
@@ -278,4 +315,4 @@ class NodeClient:
         self._idle.clear()
 
 
-__all__ = ["NodeClient", "Response", "EcstoreError"]
+__all__ = ["NodeClient", "Response", "Sink", "EcstoreError"]

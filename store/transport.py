@@ -16,7 +16,7 @@ from urllib.parse import quote, urlencode
 from store.auth import EMPTY_SHA256
 from store.digest import digest
 from store.errors import EcstoreError, WrongEventLoop, error_from_body
-from store.fetch import NodeClient
+from store.fetch import NodeClient, Sink
 
 REQUEST_ID_HEADER = "x-ecstore-request-id"
 REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}")   # what a node accepts from a peer
@@ -111,7 +111,8 @@ async def traced_stream(stream: AsyncGenerator[T, None]) -> AsyncGenerator[T, No
 class Reply:
     status: int
     headers: dict[str, str]     # names lower-case
-    body: bytearray
+    body: bytearray             # empty when it went into the request's sink
+    scattered: bool = False
 
 
 class Transport:
@@ -127,9 +128,11 @@ class Transport:
             self._client = NodeClient(self.secret)
         return self._client
 
-    async def get_into(self, base_url: str, path: str, timeout_s: float) -> Reply:
-        """A signed GET of a fragment: the node's error raised, the body a bytearray."""
-        return await self.request("GET", base_url, path, timeout_s=timeout_s)
+    async def get_into(self, base_url: str, path: str, timeout_s: float,
+                       sink: Sink | None = None) -> Reply:
+        """A signed GET of a fragment: the node's error raised, the body a bytearray -
+        or, when `sink` (store.fetch.Sink) gives views for it, read into those."""
+        return await self.request("GET", base_url, path, timeout_s=timeout_s, sink=sink)
 
     async def close(self) -> None:
         if self._client is not None:
@@ -144,7 +147,8 @@ class Transport:
     async def request(self, method: str, base_url: str, path: str, *,
                       body: bytes | bytearray | memoryview = b"", checksum: str | None = None,
                       query: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
-                      timeout_s: float = 10.0, ok_404: bool = False) -> Reply:
+                      timeout_s: float = 10.0, ok_404: bool = False,
+                      sink: Sink | None = None) -> Reply:
         """Send one signed request; raise the server's error, or Unavailable (Unreachable)
         if no reply came within `timeout_s`.
 
@@ -159,10 +163,10 @@ class Transport:
         if rid is not None:
             extra[REQUEST_ID_HEADER] = rid
         resp = await self.client.request(method, base_url, path_qs, timeout_s, body, checksum,
-                                         extra)
+                                         extra, sink)
         if resp.status >= 400 and not (ok_404 and resp.status == 404):
             raise error_from_body(resp.status, resp.body)
-        return Reply(resp.status, resp.headers, resp.body)
+        return Reply(resp.status, resp.headers, resp.body, resp.scattered)
 
 
 def quote_key(key: str) -> str:

@@ -322,3 +322,47 @@ def test_transport_against_a_real_storage_node(tmp_path: Path) -> None:
             await other.close()
 
     run_storage_node(tmp_path, go)
+
+
+@pytest.mark.parametrize("cut", [1, 79, 80, 81, 4096, 70_001])
+def test_a_body_read_into_a_sinks_views_in_pieces_of_any_size(cut: int) -> None:
+    """The head, the views' boundaries and the socket's reads fall anywhere: the bytes
+    land in order, nothing is allocated for a body that had views, and one without (an
+    error, an unwanted length, views of the wrong total) is read as usual."""
+    body = os.urandom(300_000)
+    error = b'{"error": {"code": "not_found", "message": "no such fragment"}}'
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            req = await read_request(r)
+            data = reply(404, error) if b"/missing" in req else reply(200, body)
+            for i in range(0, len(data), cut):
+                w.write(data[i:i + cut])
+                if cut < 100:
+                    await w.drain()
+
+    async def fn(url: str, connections: list[int]) -> None:
+        f = NodeClient("secret")
+        head, rest = bytearray(80), bytearray(len(body) - 80)
+        asked: list[tuple[int, int]] = []
+
+        def sink(status: int, length: int) -> list[memoryview] | None:
+            asked.append((status, length))
+            return [memoryview(head), memoryview(rest)]
+        resp = await f.request("GET", url, "/v1/fragments/x", 5.0, sink=sink)
+        assert resp.status == 200 and resp.scattered and resp.body == bytearray()
+        assert asked == [(200, len(body))] and bytes(head + rest) == body
+        missing = await f.request("GET", url, "/v1/fragments/missing", 5.0, sink=sink)
+        assert not missing.scattered and bytes(missing.body) == error   # not 200: no sink
+        head[:], rest[:] = bytes(80), bytes(len(rest))
+
+        def short(status: int, length: int) -> list[memoryview] | None:
+            return [memoryview(head)]       # not the whole length: ignored
+        def empty(status: int, length: int) -> list[memoryview] | None:
+            return [memoryview(head), memoryview(bytearray()), memoryview(rest)]
+        for wrong in (short, empty):
+            again = await f.request("GET", url, "/v1/fragments/x", 5.0, sink=wrong)
+            assert not again.scattered and bytes(again.body) == body and head == bytes(80)
+        assert len(connections) == 1       # every answer read whole: the connection kept
+        f.close()
+    run(handler, fn)

@@ -60,16 +60,23 @@ def test_fragment_intact_checks_crc_then_sha256() -> None:
     crc = f"{zlib.crc32(body):08x}"
     flipped = bytearray(body)
     flipped[12_345] ^= 0x01
-    assert fragment_intact(body, {**sha, FRAGMENT_CRC_HEADER: crc})
-    assert fragment_intact(body, sha)                                   # no CRC: SHA-256
-    assert not fragment_intact(bytes(flipped), {**sha, FRAGMENT_CRC_HEADER: crc})
-    assert not fragment_intact(bytes(flipped), sha)
+    assert fragment_intact((body,), {**sha, FRAGMENT_CRC_HEADER: crc})
+    assert fragment_intact((body,), sha)                                   # no CRC: SHA-256
+    assert not fragment_intact((bytes(flipped),), {**sha, FRAGMENT_CRC_HEADER: crc})
+    assert not fragment_intact((bytes(flipped),), sha)
     # a wrong or malformed CRC does not condemn a body its SHA-256 vouches for
-    assert fragment_intact(body, {**sha, FRAGMENT_CRC_HEADER: "00000000" if crc != "00000000" else "1"})
-    assert fragment_intact(body, {**sha, FRAGMENT_CRC_HEADER: "zzzzzzzz"})
+    assert fragment_intact((body,), {**sha, FRAGMENT_CRC_HEADER: "00000000" if crc != "00000000" else "1"})
+    assert fragment_intact((body,), {**sha, FRAGMENT_CRC_HEADER: "zzzzzzzz"})
     # and a matching CRC is enough on its own (the fast path never hashes)
-    assert fragment_intact(body, {"x-ecstore-checksum": "0" * 64, FRAGMENT_CRC_HEADER: crc})
-    assert not fragment_intact(body[:-1], {**sha, FRAGMENT_CRC_HEADER: crc})
+    assert fragment_intact((body,), {"x-ecstore-checksum": "0" * 64, FRAGMENT_CRC_HEADER: crc})
+    assert not fragment_intact((body[:-1],), {**sha, FRAGMENT_CRC_HEADER: crc})
+    # a body read in pieces (a header apart, the payload into a segment) checks the same
+    cut = (body[:80], memoryview(body)[80:])
+    assert fragment_intact(cut, {**sha, FRAGMENT_CRC_HEADER: crc})
+    assert fragment_intact(cut, sha)
+    assert not fragment_intact((bytes(flipped[:80]), bytes(flipped[80:])),
+                               {**sha, FRAGMENT_CRC_HEADER: crc})
+    assert not fragment_intact((body[:80], body[81:]), sha)
 
 
 @settings(max_examples=40, deadline=None)
@@ -85,3 +92,45 @@ def test_any_k_fragments_decode_to_the_segment(km: tuple[int, int], size: int, s
     chosen = data.draw(st.permutations(range(k + m)))[:k]
     picked = [bytearray(frags[i]) if i % 2 else frags[i] for i in chosen]  # reads give bytearrays
     assert codec.decode(k, m, EC, picked) == seg
+
+
+@pytest.mark.parametrize("size", [4 * 1024 * 1024, 1024 * 1024 + 13, 100])
+def test_a_segment_read_in_place_is_the_segment(size: int) -> None:
+    """Data fragments read into a SegmentBuffer (header apart, payload in place) give the
+    segment itself, the last one's padding cut; their copies decode to the same."""
+    from store.codec import HEADER_BYTES, SegmentBuffer, decode, encode
+    seg = random.Random(size).randbytes(size)
+    frags = encode(4, 2, EC, seg)
+    buf = SegmentBuffer(4)
+    for i in (2, 0, 3, 1):                      # in any order, as they arrive
+        views = buf.sink(i)(200, len(frags[i]))
+        assert views is not None and sum(len(v) for v in views) == len(frags[i])
+        pos = 0
+        for v in views:
+            v[:] = frags[i][pos:pos + len(v)]
+            pos += len(v)
+        assert b"".join(bytes(p) for p in buf.pieces(i)) == frags[i]
+        assert buf.fragment(i) == frags[i]
+    assert buf.sink(0)(404, len(frags[0])) is None                  # only a 200
+    assert buf.sink(0)(200, len(frags[0]) + 1) is None              # only the same length
+    assert buf.sink(0)(200, HEADER_BYTES) is None                   # a header alone is not one
+    copies = [buf.fragment(i) for i in range(4)]
+    got = buf.segment()
+    assert got is not None and bytes(got) == seg
+    assert decode(4, 2, EC, copies) == seg
+
+
+def test_a_segment_buffer_with_a_wrong_header_is_not_a_segment() -> None:
+    from store.codec import SegmentBuffer, encode
+    seg = random.Random(5).randbytes(50_000)
+    frags = encode(4, 2, EC, seg)
+    for order in ([0, 1, 2, 4], [0, 1, 2, 2]):  # a parity fragment, a duplicate in slot 3
+        buf = SegmentBuffer(4)
+        for slot, i in enumerate(order):
+            views = buf.sink(slot)(200, len(frags[i]))
+            assert views is not None
+            pos = 0
+            for v in views:
+                v[:] = frags[i][pos:pos + len(v)]
+                pos += len(v)
+        assert buf.segment() is None
