@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from node import pagecache
+from node import zerocopy
 from store.digest import matches as digest_matches
 from store.errors import BadRequest, Corrupt, InsufficientStorage, NotFound
 from store.wire import pack, unpack
@@ -594,15 +594,15 @@ class FragmentStore:
 
     def cached_body(self, fid: str, min_bytes: int = 0) -> CachedBody | None:
         """Where a fragment's body is, with its checksum and meta, when its whole record
-        is in the page cache (node.pagecache): for sendfile from the event loop. None when
+        is in the page cache (node.zerocopy): for sendfile from the event loop. None when
         the record is under `min_bytes`, some of it is not cached, the kernel cannot
         tell, or the header looks damaged (read() in a thread then quarantines it);
         NotFound."""
-        if not pagecache.available():
+        if not zerocopy.available():
             return None
         loc, vol = self._locate(fid)
         off, length = loc_off(loc), loc_length(loc)
-        if length < min_bytes or not pagecache.resident(vol.fd, off, length):
+        if length < min_bytes or not zerocopy.resident(vol.fd, off, length):
             return None
         head = os.pread(vol.fd, min(length, CACHED_HEAD_BYTES), off)
         if head[:4] == RECORD_MAGIC and len(head) >= RECORD_PREFIX.size:

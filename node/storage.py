@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -19,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+from node import zerocopy
 from node.fragments import DEFAULT_VOLUME_BYTES, CachedBody, FragmentStore, Written
 from node.metrics import Families, ObservabilityConfig, counter, gauge, observability_config
 from node.scrub import (
@@ -251,11 +251,14 @@ async def _send_cached(request: web.Request, cached: CachedBody) -> web.StreamRe
     transport = request.transport
     sock = transport.get_extra_info("socket") if transport is not None else None
     fd, sent = (sock.fileno() if sock is not None else -1), 0
-    _cork(sock, 1)
+    if fd >= 0:
+        zerocopy.cork(fd, True)
     try:
         await resp.write(b"")          # the head, held by the cork
         if fd >= 0 and transport is not None and transport.get_write_buffer_size() == 0:
-            sent = _sendfile(fd, cached)   # nothing queued ahead of these bytes
+            # nothing queued ahead of these bytes; a file shorter than its index says
+            # stops it, and the rest is zeros as read_raw gives (the reader's check fails)
+            sent = zerocopy.send(fd, cached.vol.fd, cached.offset, cached.length)
         if sent < 0:                   # the client went away
             transport.abort()  # type: ignore[union-attr]
             return resp
@@ -269,32 +272,10 @@ async def _send_cached(request: web.Request, cached: CachedBody) -> web.StreamRe
             body = os.pread(cached.vol.fd, rest, cached.offset + sent)
             await resp.write(body + bytes(rest - len(body)) if len(body) < rest else body)
     finally:
-        _cork(sock, 0)
+        if fd >= 0:
+            zerocopy.cork(fd, False)
     await resp.write_eof()
     return resp
-
-
-def _sendfile(fd: int, cached: CachedBody) -> int:
-    """Bytes of the body the socket took (all of them, or as many as fit its buffer now);
-    -1 if the connection is gone."""
-    sent = 0
-    while sent < cached.length:
-        try:
-            n = os.sendfile(fd, cached.vol.fd, cached.offset + sent, cached.length - sent)
-        except (BlockingIOError, InterruptedError):
-            break
-        except OSError:    # EPIPE, ECONNRESET
-            return -1
-        if n == 0:         # the volume file is shorter than its index says: as read_raw,
-            break          # the rest is zeros and the reader's checksum fails
-        sent += n
-    return sent
-
-
-def _cork(sock: Any, on: int) -> None:
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, on)
 
 
 async def verify_fragment(request: web.Request) -> web.Response:
