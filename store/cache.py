@@ -85,7 +85,7 @@ class SegmentCache:
             self.misses += 1
         return None
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
         path = self._path(key)
         tmp = self.tmp / f"{key}.{os.getpid()}.{threading.get_ident()}"
         try:

@@ -63,7 +63,7 @@ BUCKET_CACHE_TTL_S = 5.0
 MAP_TTL_S = 2.0                # how long a client trusts its cluster map before asking again
 T = TypeVar("T")
 Source = (bytes | bytearray | memoryview | str | os.PathLike[str] | BinaryIO
-          | AsyncIterator[bytes] | AsyncIterator[bytes | bytearray])
+          | AsyncIterator[bytes] | AsyncIterator[bytes | memoryview])
 
 
 def new_version_id() -> str:
@@ -142,7 +142,7 @@ class Client(LoopBound):
             cache_max_bytes = int(float(os.environ.get("ECSTORE_CACHE_MAX_MB") or
                                         DEFAULT_CACHE_MAX_MB) * 2**20)
         self.cache = SegmentCache(cache_dir, cache_max_bytes) if cache_dir else None
-        self._segment_fetches: dict[str, asyncio.Future[bytes | bytearray]] = {}  # coalescing
+        self._segment_fetches: dict[str, asyncio.Future[bytes | memoryview]] = {}  # coalescing
         self._last_segment: OrderedDict[str, int] = OrderedDict()  # version -> last read
         self._prefetches = 0
         # what reached the cluster and what did not, for tests and benchmarks
@@ -645,7 +645,7 @@ class Client(LoopBound):
 
     def get_stream(self, bucket: str, key: str, start: int | None = None,
                    end: int | None = None, record: dict[str, Any] | None = None,
-                   note_read: bool = True) -> AsyncGenerator[bytes | bytearray, None]:
+                   note_read: bool = True) -> AsyncGenerator[bytes | memoryview, None]:
         """Yield the object's bytes segment by segment, reading ahead a few segments.
 
         Pass `record` (from live_record) when the caller has read it already.
@@ -654,7 +654,7 @@ class Client(LoopBound):
 
     async def _get_stream(self, bucket: str, key: str, start: int | None, end: int | None,
                           record: dict[str, Any] | None, note_read: bool
-                          ) -> AsyncGenerator[bytes | bytearray, None]:
+                          ) -> AsyncGenerator[bytes | memoryview, None]:
         if record is None:
             record = await self.live_record(bucket, key)
         if note_read:
@@ -665,7 +665,7 @@ class Client(LoopBound):
                 yield record["inline"][lo:hi]
             return
         cmap = await self.cluster_map()
-        pending: list[tuple[asyncio.Task[bytes | bytearray], _Slot]] = []
+        pending: list[tuple[asyncio.Task[bytes | memoryview], _Slot]] = []
         wanted = extent_slices(record_extents(record), record["segment_size"], lo, hi)
         if self.cache is not None and wanted:
             self._prefetch_if_sequential(cmap, record, wanted, hi)
@@ -736,12 +736,13 @@ class Client(LoopBound):
         await asyncio.gather(*(send(n, e) for n, e in per_node.values()), return_exceptions=True)
 
     async def _read_slice(self, cmap: ClusterMap, record: dict[str, Any], ext: Extent,
-                          seg: int, lo: int, hi: int) -> bytes | bytearray:
+                          seg: int, lo: int, hi: int) -> bytes | memoryview:
         data = await self._segment(cmap, record, ext, seg)
-        return data if lo == 0 and hi == len(data) else data[lo:hi]
+        # part of a segment is copied: a view would keep the whole segment in memory
+        return data if lo == 0 and hi == len(data) else bytes(data[lo:hi])
 
     async def _segment(self, cmap: ClusterMap, record: dict[str, Any], ext: Extent,
-                       seg: int) -> bytes | bytearray:
+                       seg: int) -> bytes | memoryview:
         """One decoded segment: from the disk cache, else joining a fetch of it already
         running in this process, else fetched (once across processes sharing the cache)."""
         key = SegmentCache.key(ext.version_id, seg)
@@ -757,7 +758,7 @@ class Client(LoopBound):
         fut = asyncio.ensure_future(self._fetch_segment(cmap, record, ext, seg, key))
         self._segment_fetches[key] = fut
 
-        def done(f: asyncio.Future[bytes | bytearray]) -> None:
+        def done(f: asyncio.Future[bytes | memoryview]) -> None:
             if self._segment_fetches.get(key) is f:
                 del self._segment_fetches[key]
             retrieved(f)
@@ -765,7 +766,7 @@ class Client(LoopBound):
         return await asyncio.shield(fut)  # a cancelled reader leaves it to the others
 
     async def _fetch_segment(self, cmap: ClusterMap, record: dict[str, Any], ext: Extent,
-                             seg: int, key: str) -> bytes | bytearray:
+                             seg: int, key: str) -> bytes | memoryview:
         if self.cache is None:
             self.read_stats["segments_fetched"] += 1
             return await self.read_segment(cmap, record, seg, ext)
@@ -820,13 +821,13 @@ class Client(LoopBound):
             task = asyncio.ensure_future(self._segment(cmap, record, ext, s.index))
             task.add_done_callback(self._prefetch_done)
 
-    def _prefetch_done(self, task: asyncio.Future[bytes | bytearray]) -> None:
+    def _prefetch_done(self, task: asyncio.Future[bytes | memoryview]) -> None:
         self._prefetches -= 1
         retrieved(task)
 
     @operation
     async def read_segment(self, cmap: ClusterMap, record: dict[str, Any], seg: int,
-                           extent: Extent | None = None) -> bytes | bytearray:
+                           extent: Extent | None = None) -> bytes | memoryview:
         """Decode one segment (of `extent`, default the record's first) from the first k
         good fragments (data ones first).
 
@@ -905,8 +906,8 @@ class Client(LoopBound):
             self.fault_stats["degraded_reads"] += 1
         elif all(good[i] is None for i in picked):   # every data fragment read in place
             segment = placed.segment()
-            if segment is not None:
-                return segment
+            if segment is not None:   # read-only: readers of one segment share it
+                return memoryview(segment).toreadonly()
         chosen = [placed.fragment(i) if (f := good[i]) is None else f for i in picked]
         return codec.decode(k, m, record["ec_type"], chosen)
 
@@ -1228,7 +1229,7 @@ class SyncClient:
             end: int | None = None) -> bytes:
         return self._run(self.client.get(bucket, key, start, end))
 
-    def get_stream(self, bucket: str, key: str) -> Iterator[bytes | bytearray]:
+    def get_stream(self, bucket: str, key: str) -> Iterator[bytes | memoryview]:
         agen = self.client.get_stream(bucket, key)
         while True:
             try:

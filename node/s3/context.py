@@ -157,11 +157,11 @@ def canned_acl(headers: Mapping[str, str]) -> str:
 class Md5Stream:
     """Passes an async byte stream through, computing its MD5 (the ETag of a copy)."""
 
-    def __init__(self, source: AsyncIterator[bytes] | AsyncIterator[bytes | bytearray]) -> None:
+    def __init__(self, source: AsyncIterator[bytes] | AsyncIterator[bytes | memoryview]) -> None:
         self.source = source
         self.md5 = hashlib.md5()
 
-    async def __aiter__(self) -> AsyncIterator[bytes | bytearray]:
+    async def __aiter__(self) -> AsyncIterator[bytes | memoryview]:
         async for chunk in self.source:
             self.md5.update(chunk)
             yield chunk

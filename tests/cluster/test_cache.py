@@ -55,6 +55,35 @@ def test_second_read_comes_from_the_cache_and_survives_a_restart(
     run(go())
 
 
+def test_a_segment_read_in_place_is_shared_read_only(cluster: LocalCluster,
+                                                     data: dict[str, bytes], tmp_path: Path) -> None:
+    """A segment read in place (its data fragments straight into one buffer) is handed to
+    every reader that joined its fetch, and to the disk cache: read-only, so no reader
+    can change what the others and the cache get."""
+    obj = data["three"]
+
+    async def go() -> None:
+        async with Client.connect(cluster.path, cache_dir=tmp_path) as c:
+            rec = await c.live_record("cache", "three")
+
+            async def first() -> bytes | memoryview:
+                return await anext(c.get_stream("cache", "three", 0, SEG - 1, record=rec))
+            parts = await asyncio.gather(*(first() for _ in range(4)))
+            assert c.read_stats["segments_fetched"] == 1 and c.read_stats["coalesced"] == 3
+            for part in parts:
+                assert isinstance(part, memoryview) and part.readonly
+                assert part.obj is parts[0].obj          # one buffer, shared
+                with pytest.raises(TypeError):
+                    part[0] = part[0] ^ 0xFF             # type: ignore[index]
+                assert part == obj[:SEG]
+            whole = await c.get("cache", "three")
+            assert type(whole) is bytes and whole == obj  # get gives bytes, as always
+        async with Client.connect(cluster.path, cache_dir=tmp_path) as again:
+            assert await again.get("cache", "three", 0, SEG - 1) == obj[:SEG]
+            assert again.read_stats["fragment_gets"] == 0   # from the cache, intact
+    run(go())
+
+
 def test_an_overwritten_object_is_never_served_stale(cluster: LocalCluster,
                                                      tmp_path: Path) -> None:
     async def go() -> None:
