@@ -76,6 +76,11 @@ SCRUB_RATE_ENV = "ECSTORE_SCRUB_RATE_MB_S"
 STORE = web.AppKey("store", FragmentStore)
 CONFIG = web.AppKey("config", StorageConfig)
 SCRUB_STATS = web.AppKey("scrub_stats", ScrubStats)
+SCRUB_NOW_LOCK = web.AppKey("scrub_now_lock", asyncio.Lock)
+COMPACTIONS = web.AppKey("compactions", list)   # [volumes compacted since start]
+SENDFILE_MIN_BYTES = 64 * 1024   # smaller records: one read and one write cost less
+
+
 @dataclass
 class SendStats:
     """Fragment GETs whose body went by sendfile (all of it or its start), and its bytes."""
@@ -83,10 +88,7 @@ class SendStats:
     bytes: int = 0
 
 
-SENDFILE_MIN_BYTES = 64 * 1024   # smaller records: one read and one write cost less
-SCRUB_NOW_LOCK = web.AppKey("scrub_now_lock", asyncio.Lock)
 SENDS = web.AppKey("sends", SendStats)
-COMPACTIONS = web.AppKey("compactions", list)   # [volumes compacted since start]
 
 
 async def _in_thread(fn: Any, *args: Any) -> Any:
@@ -259,8 +261,10 @@ async def _send_cached(request: web.Request, cached: CachedBody) -> web.StreamRe
             # nothing queued ahead of these bytes; a file shorter than its index says
             # stops it, and the rest is zeros as read_raw gives (the reader's check fails)
             sent = zerocopy.send(fd, cached.vol.fd, cached.offset, cached.length)
-        if sent < 0:                   # the client went away
-            transport.abort()  # type: ignore[union-attr]
+        if sent < 0 and transport is not None:   # the client went away
+            zerocopy.cork(fd, False)   # (before the abort closes the fd)
+            fd = -1
+            transport.abort()
             return resp
         resp.sent = sent
         if sent:
