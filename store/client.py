@@ -902,12 +902,15 @@ class Client(LoopBound):
                               "fragments readable", tried=k + m, failed=len(errors),
                               errors=errors[:6])
         picked = sorted(good)[:k]
+        in_place = [i for i in picked if good[i] is None]
         if picked[-1] >= k:  # a parity fragment stands in for a data one
             self.fault_stats["degraded_reads"] += 1
-        elif all(good[i] is None for i in picked):   # every data fragment read in place
-            segment = placed.segment()
-            if segment is not None:   # read-only: readers of one segment share it
-                return memoryview(segment).toreadonly()
+            apart = {i: f for i in picked if (f := good[i]) is not None}
+            segment = placed.rebuild(m, record["ec_type"], in_place, apart)
+        else:               # every data fragment read in place, if all went well
+            segment = placed.segment() if len(in_place) == k else None
+        if segment is not None:   # read-only: readers of one segment share it
+            return memoryview(segment).toreadonly()
         chosen = [placed.fragment(i) if (f := good[i]) is None else f for i in picked]
         return codec.decode(k, m, record["ec_type"], chosen)
 

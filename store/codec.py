@@ -150,7 +150,32 @@ class SegmentBuffer:
     def fragment(self, i: int) -> bytes:
         head, body = self.pieces(i)
         with head, body:
-            return bytes(head) + bytes(body)
+            return b"".join((head, body))   # one copy
+
+    def rebuild(self, m: int, ec_type: str, placed: Sequence[int],
+                others: dict[int, bytes | bytearray]) -> bytearray | None:
+        """The segment when some data fragments are missing: the data fragments read in
+        place (`placed`) and whole ones read apart (`others`, parity among them; k in
+        all) rebuild the missing data fragments (pyeclib's reconstruct), whose payloads
+        are written into place - no join of the segment afterwards. None when that does
+        not work (a fragment of another size, a failed rebuild): the caller decodes."""
+        if self.buf is None or any(i < self.k for i in others) \
+                or len(placed) + len(others) < self.k:
+            return None
+        missing = [i for i in range(self.k) if i not in placed]
+        frags = [self.fragment(i) for i in placed] + _as_bytes(list(others.values()))
+        try:
+            made = driver(self.k, m, ec_type).reconstruct(frags[:self.k], missing)
+        except Exception:  # noqa: BLE001 - decode tries again and names the error
+            return None
+        for i, frag in zip(missing, made):
+            if len(frag) != HEADER_BYTES + self.payload:
+                return None
+            head, body = self.pieces(i)
+            with head, body:
+                head[:] = memoryview(frag)[:HEADER_BYTES]
+                body[:] = memoryview(frag)[HEADER_BYTES:]
+        return self.segment()
 
     def segment(self) -> bytearray | None:
         """The segment, once all k data fragments were read in (and checked); None if

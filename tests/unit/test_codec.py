@@ -134,3 +134,41 @@ def test_a_segment_buffer_with_a_wrong_header_is_not_a_segment() -> None:
                 v[:] = frags[i][pos:pos + len(v)]
                 pos += len(v)
         assert buf.segment() is None
+
+
+def _place(buf: codec.SegmentBuffer, slot: int, frag: bytes) -> None:
+    views = buf.sink(slot)(200, len(frag))
+    assert views is not None
+    pos = 0
+    for v in views:
+        v[:] = frag[pos:pos + len(v)]
+        pos += len(v)
+
+
+@pytest.mark.parametrize("size", [4 * 1024 * 1024, 1024 * 1024 + 13, 100])
+@pytest.mark.parametrize("lost", [(1,), (0, 3), (2, 3)])
+def test_a_degraded_segment_is_rebuilt_in_place(size: int, lost: tuple[int, ...]) -> None:
+    """Data fragments lost: the ones read in place and parity read apart rebuild the
+    missing payloads into their slots - the segment, with no join."""
+    seg = random.Random(size + len(lost)).randbytes(size)
+    frags = codec.encode(4, 2, EC, seg)
+    buf = codec.SegmentBuffer(4)
+    placed = [i for i in range(4) if i not in lost]
+    for i in placed:
+        _place(buf, i, frags[i])
+    others = {4 + j: frags[4 + j] for j in range(len(lost))}
+    got = buf.rebuild(2, EC, placed, others)
+    assert got is not None and bytes(got) == seg
+
+
+def test_a_rebuild_that_cannot_work_says_so() -> None:
+    seg = random.Random(9).randbytes(300_000)
+    frags = codec.encode(4, 2, EC, seg)
+    buf = codec.SegmentBuffer(4)
+    assert buf.rebuild(2, EC, [], {4: frags[4], 5: frags[5]}) is None   # nothing placed
+    for i in (0, 1):
+        _place(buf, i, frags[i])
+    assert buf.rebuild(2, EC, [0, 1], {4: frags[4]}) is None            # 3 of 4 needed
+    assert buf.rebuild(2, EC, [0, 1], {2: frags[2], 4: frags[4]}) is None   # a data one apart
+    assert buf.rebuild(2, EC, [0, 1], {4: frags[4], 5: frags[5][:-7]}) is None   # damaged
+    assert bytes(buf.rebuild(2, EC, [0, 1], {4: frags[4], 5: frags[5]}) or b"") == seg
