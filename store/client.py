@@ -903,10 +903,14 @@ class Client(LoopBound):
                               errors=errors[:6])
         picked = sorted(good)[:k]
         in_place = [i for i in picked if good[i] is None]
+        # a data fragment still on its way (a hedged loser, cancelled above: its
+        # connection closes only when its task runs) may yet write into its slot, so the
+        # buffer is not handed out then: the fragments are copied now and decoded
+        late = any(i < k for i in inflight.values())
         if picked[-1] >= k:  # a parity fragment stands in for a data one
             self.fault_stats["degraded_reads"] += 1
             apart = {i: f for i in picked if (f := good[i]) is not None}
-            segment = placed.rebuild(m, record["ec_type"], in_place, apart)
+            segment = None if late else placed.rebuild(m, record["ec_type"], in_place, apart)
         else:               # every data fragment read in place, if all went well
             segment = placed.segment() if len(in_place) == k else None
         if segment is not None:   # read-only: readers of one segment share it
