@@ -621,10 +621,7 @@ class FragmentStore:
         """A fragment's whole record, unchecked, and where it was read from (for
         quarantine_fragment); NotFound."""
         loc, vol = self._locate(fid)
-        raw = os.pread(vol.fd, loc_length(loc), loc_off(loc))
-        if len(raw) < loc_length(loc):   # the record was cut short on disk
-            raw += bytes(loc_length(loc) - len(raw))
-        return raw, loc
+        return pread_padded(vol.fd, loc_length(loc), loc_off(loc)), loc
 
     def locate(self, fid: str) -> tuple[str, int, int]:
         """(volume file, offset of the body, body length) of a stored fragment: for
@@ -960,6 +957,13 @@ def _fsync_dir(path: Path | str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def pread_padded(fd: int, length: int, offset: int) -> bytes:
+    """`length` bytes of fd from offset; zeros past the file's end (a record cut short on
+    disk reads as damaged - its checksum fails - never as short)."""
+    raw = os.pread(fd, length, offset)
+    return raw if len(raw) == length else raw + bytes(length - len(raw))
 
 
 def parse_fragment(fid: str, raw: bytes | bytearray, verify: bool = True) -> Fragment:

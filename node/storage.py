@@ -19,7 +19,13 @@ from typing import Any
 from aiohttp import web
 
 from node import zerocopy
-from node.fragments import DEFAULT_VOLUME_BYTES, CachedBody, FragmentStore, Written
+from node.fragments import (
+    DEFAULT_VOLUME_BYTES,
+    CachedBody,
+    FragmentStore,
+    Written,
+    pread_padded,
+)
 from node.metrics import Families, ObservabilityConfig, counter, gauge, observability_config
 from node.scrub import (
     DEFAULT_SCRUB_PASS_INTERVAL_S,
@@ -259,7 +265,7 @@ async def _send_cached(request: web.Request, cached: CachedBody) -> web.StreamRe
         await resp.write(b"")          # the head, held by the cork
         if fd >= 0 and transport is not None and transport.get_write_buffer_size() == 0:
             # nothing queued ahead of these bytes; a file shorter than its index says
-            # stops it, and the rest is zeros as read_raw gives (the reader's check fails)
+            # stops it, and the rest is zeros (pread_padded: the reader's check fails)
             sent = zerocopy.send(fd, cached.vol.fd, cached.offset, cached.length)
         if sent < 0 and transport is not None:   # the client went away
             zerocopy.cork(fd, False)   # (before the abort closes the fd)
@@ -273,8 +279,7 @@ async def _send_cached(request: web.Request, cached: CachedBody) -> web.StreamRe
             stats.bytes += sent
         if sent < cached.length:
             rest = cached.length - sent
-            body = os.pread(cached.vol.fd, rest, cached.offset + sent)
-            await resp.write(body + bytes(rest - len(body)) if len(body) < rest else body)
+            await resp.write(pread_padded(cached.vol.fd, rest, cached.offset + sent))
     finally:
         if fd >= 0:
             zerocopy.cork(fd, False)

@@ -128,7 +128,6 @@ class _Conn(asyncio.BufferedProtocol):
         else:
             self._body = None
         self._views, self._vi, self._got = views, 0, 0
-        head, self._head = self._head, bytearray()
         if not length:
             self._complete()
         while len(rest):                 # what came with the head, into the first views
@@ -139,7 +138,7 @@ class _Conn(asyncio.BufferedProtocol):
             if self._got == len(views[self._vi]):
                 self._next_view()
         rest.release()
-        del head
+        self._head = bytearray()
 
     def _next_view(self) -> None:
         assert self._views is not None

@@ -11,30 +11,19 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from node import fragments
 from node.fragments import FragmentStore
-from node.storage import PUTS, STORE, PutQueue, StorageConfig, make_app
+from node.storage import PUTS, STORE, PutQueue
 from store.digest import digest
 from store.errors import BadRequest, EcstoreError, NotFound
 from store.transport import Transport
-from tests.functional.harness import SECRET
+from tests.functional import harness
 
 
 def serve(tmp_path: Path, body: Callable[[Transport, str, web.Application], Awaitable[None]]
           ) -> None:
-    async def go() -> None:
-        app = make_app(StorageConfig("s1", tmp_path, SECRET, scrub_rate_mb_s=0))
-        server = TestServer(app, host="127.0.0.1")
-        await server.start_server()
-        t = Transport(SECRET)
-        try:
-            await asyncio.wait_for(body(t, str(server.make_url("")).rstrip("/"), app), 20)
-        finally:
-            await t.close()
-            await server.close()
-    asyncio.run(go())
+    harness.serve(tmp_path, body, 20, scrub_rate_mb_s=0)
 
 
 def blob(i: int) -> bytes:

@@ -13,17 +13,14 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from node import zerocopy
-from node.logs import request_log
-from node.metrics import access_log_class
-from node.server import OBSERVER
-from node.storage import SENDFILE_MIN_BYTES, SENDS, STORE, StorageConfig, make_app
+from node.storage import SENDFILE_MIN_BYTES, SENDS, STORE
 from store.auth import CHECKSUM_HEADER, sign_headers
 from store.digest import digest
 from store.transport import Transport
+from tests.functional import harness
 from tests.functional.harness import SECRET
 
 needs_cachestat = pytest.mark.skipif(
@@ -34,18 +31,7 @@ needs_cachestat = pytest.mark.skipif(
 
 def serve(tmp_path: Path, body: Callable[[Transport, str, web.Application], Awaitable[None]]
           ) -> None:
-    async def go() -> None:
-        app = make_app(StorageConfig("s1", tmp_path, SECRET, scrub_rate_mb_s=0))
-        server = TestServer(app, host="127.0.0.1")
-        await server.start_server(access_log=request_log,   # the request metrics too
-                                  access_log_class=access_log_class(app[OBSERVER]))
-        t = Transport(SECRET)
-        try:
-            await asyncio.wait_for(body(t, str(server.make_url("")).rstrip("/"), app), 30)
-        finally:
-            await t.close()
-            await server.close()
-    asyncio.run(go())
+    harness.serve(tmp_path, body, 30, scrub_rate_mb_s=0)
 
 
 def evict(app: web.Application) -> None:
