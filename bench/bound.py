@@ -69,7 +69,11 @@ def null_endpoint() -> Iterator[tuple[wl.S3Target, Roles]]:
             lambda: {"null": [proc.pid]}
     finally:
         proc.terminate()
-        proc.wait(10)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @contextmanager
