@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from node import zerocopy
+from store.alloc import unfilled
 from store.digest import matches as digest_matches
 from store.errors import BadRequest, Corrupt, InsufficientStorage, NotFound
 from store.wire import pack, unpack
@@ -581,7 +582,7 @@ class FragmentStore:
         loc, vol = self._locate(fid)
         if _RWF_NOWAIT is None:     # not Linux: always the thread
             return None
-        raw = bytearray(loc_length(loc))
+        raw = unfilled(loc_length(loc))
         try:
             if os.preadv(vol.fd, [raw], loc_off(loc), _RWF_NOWAIT) != loc_length(loc):
                 return None

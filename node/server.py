@@ -36,7 +36,7 @@ from node.metrics import (
     add_observability_args,
     op_name,
 )
-from store.alloc import MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES, glibc, tune_allocator
+from store.alloc import MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES, glibc, tune_allocator, unfilled
 from store.auth import CHECKSUM_HEADER, DATE_HEADER, SIGNATURE_HEADER, verify
 from store.digest import matches as digest_matches
 from store.digest import well_formed as digest_well_formed
@@ -518,7 +518,7 @@ async def read_body(request: web.Request) -> bytes | bytearray:
     size = request.content_length
     if not size or size > request.app[MAX_BODY]:
         return await request.read()
-    buf = bytearray(size)
+    buf = unfilled(size)   # every byte written below, or the request fails
     view = memoryview(buf)
     got = 0
     while True:

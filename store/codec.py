@@ -7,6 +7,7 @@ from functools import lru_cache
 
 from pyeclib.ec_iface import ECDriver
 
+from store.alloc import unfilled
 from store.errors import Corrupt
 
 # liberasurecode's fragment header (fragment_header_t, packed, little-endian): idx u32,
@@ -136,7 +137,7 @@ class SegmentBuffer:
             if status != 200 or payload <= 0:
                 return None
             if self.buf is None:
-                self.payload, self.buf = payload, bytearray(self.k * payload)
+                self.payload, self.buf = payload, unfilled(self.k * payload)
             elif payload != self.payload:
                 return None
             return list(self.pieces(i))

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from store.alloc import unfilled
 from store.auth import EMPTY_SHA256, sign_headers
 from store.errors import EcstoreError, Unreachable, error_from_body
 
@@ -123,7 +124,7 @@ class _Conn(asyncio.BufferedProtocol):
                                   or not all(len(v) for v in views)):
             views = None                 # not what it is for: the usual buffer
         if views is None:
-            self._body = bytearray(length)
+            self._body = unfilled(length)
             views = [memoryview(self._body)]
         else:
             self._body = None

@@ -69,3 +69,29 @@ def test_tune_allocator_reuses_buffers_instead_of_faulting_them_in_again() -> No
     assert runs["tuned"]["tuned"] is True
     assert runs["default"]["faults"] > 50 * 1000, runs      # the defaults fault it all in
     assert runs["tuned"]["faults"] < runs["default"]["faults"] / 10, runs
+
+
+UNFILLED_CHILD = textwrap.dedent("""
+    import json
+    from store.alloc import UNFILLED_MIN_BYTES, tune_allocator, unfilled
+    assert tune_allocator()
+    n = 4 << 20
+    old = bytearray(b"\\xab") * n          # freed below: the next buffer of its size reuses it
+    del old
+    buf = unfilled(n)
+    mid = bytes(buf[n // 2:n // 2 + 4096])
+    buf[:4] = b"abcd"
+    small = unfilled(UNFILLED_MIN_BYTES - 1)
+    print(json.dumps({"type": type(buf).__name__, "len": len(buf), "head": buf[:4].decode(),
+                      "stale": mid == b"\\xab" * 4096, "small_zeroed": small == bytes(len(small)),
+                      "empty": len(unfilled(0))}))
+""")
+
+
+def test_unfilled_skips_the_zero_fill_of_large_buffers_only() -> None:
+    out = subprocess.run([sys.executable, "-c", UNFILLED_CHILD], capture_output=True, text=True,
+                         timeout=60, check=True)
+    got = json.loads(out.stdout)
+    assert got["type"] == "bytearray" and got["len"] == 4 << 20 and got["head"] == "abcd"
+    assert got["stale"]            # what the freed buffer held: no memset ran
+    assert got["small_zeroed"] and got["empty"] == 0
