@@ -30,7 +30,15 @@ from typing import Any
 
 from bench import seaweed
 from bench import workloads as wl
-from bench.compare import CONTROL_NODES, STORAGE_NODES, K, M, proc_cpu_s, temp_dir
+from bench.compare import (
+    CONTROL_NODES,
+    STORAGE_NODES,
+    K,
+    M,
+    ecstore_procs,
+    proc_cpu_s,
+    temp_dir,
+)
 from bench.nulls3 import MAX_OBJECTS
 
 TARGETS = ("null", "gw", "weed")
@@ -89,9 +97,8 @@ def ecstore_gateway() -> Iterator[tuple[wl.S3Target, Roles]]:
 
             def roles() -> dict[str, list[int]]:
                 out: dict[str, list[int]] = {}
-                for n in cluster.nodes.values():
-                    if n.pid:
-                        out.setdefault(n.role, []).append(n.pid)
+                for role, pid in ecstore_procs(cluster).values():
+                    out.setdefault(role, []).append(pid)
                 return out
             yield wl.S3Target("gw", gw["url"], gw["access_key"], gw["secret_key"], "bound-gw",
                               gw["region"]), roles
