@@ -194,10 +194,14 @@ class Observer:
         started = request.get(STARTED)
         if started is not None:
             elapsed_s = time.perf_counter() - started
-        op = request.get(OP, UNPARSED_OP)
-        status = response.status
-        n_in = getattr(request.content, "total_bytes", 0)
-        n_out = response.body_length
+        self.record(request.get(OP, UNPARSED_OP), request.method, response.status, elapsed_s,
+                    getattr(request.content, "total_bytes", 0), response.body_length,
+                    request.get(REQUEST_ID, "-"))
+
+    def record(self, op: str, method: str, status: int, elapsed_s: float, n_in: int,
+               n_out: int, request_id: str) -> None:
+        """Count one answered request and write its log line (request_done's, and the
+        storage node's fast path's: node.fastpath answers without an aiohttp request)."""
         key = (op, status)
         children = self._children.get(key)
         if children is None:  # op and status are bounded sets, so is this dict
@@ -211,9 +215,10 @@ class Observer:
             children[2].inc(n_in)
         if n_out:
             children[3].inc(n_out)
-        method = request.method if request.method in KNOWN_METHODS else "OTHER"
+        if method not in KNOWN_METHODS:
+            method = "OTHER"
         log_event(request_log, logging.INFO if status < 500 else logging.WARNING, "request",
-                  {"request_id": request.get(REQUEST_ID, "-"), "method": method, "op": op,
+                  {"request_id": request_id, "method": method, "op": op,
                    "status": status, "duration_ms": round(elapsed_s * 1000, 1),
                    "bytes_in": n_in, "bytes_out": n_out})
 

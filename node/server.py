@@ -15,7 +15,8 @@ import re
 import resource
 import signal
 import time
-from collections.abc import Awaitable, Callable
+import typing
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -45,6 +46,7 @@ from store.transport import REQUEST_ID_HEADER, REQUEST_ID_RE, new_request_id, re
 
 log = logging.getLogger("ecstore.node")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+ProtocolFactory = Callable[[], asyncio.BaseProtocol]
 SECRET_KEY = web.AppKey("secret", str)
 MAX_BODY = web.AppKey("max_body_bytes", int)
 OBSERVER = web.AppKey("observer", Observer)
@@ -192,7 +194,12 @@ def malformed_signature(request: web.Request) -> str | None:
     """Why the signing fields cannot be a signature of ours, else None: checked before
     verify() hashes them (a non-ASCII or non-UTF-8 header or path must be a 401, not a
     crash), and a date must be finite ("nan" would never go stale)."""
-    h = request.headers
+    return malformed_signature_fields(request.headers, request.raw_path)
+
+
+def malformed_signature_fields(h: Mapping[str, str], raw_path: str) -> str | None:
+    """malformed_signature of a request's headers (names lower-case, or a case-insensitive
+    mapping) and its target."""
     sig, ts, checksum = h.get(SIGNATURE_HEADER), h.get(DATE_HEADER), h.get(CHECKSUM_HEADER)
     if not sig or not ts or not checksum:
         return "unsigned request"
@@ -205,7 +212,7 @@ def malformed_signature(request: web.Request) -> str | None:
     if not finite:
         return "bad signature date"
     try:
-        request.raw_path.encode()
+        raw_path.encode()
     except UnicodeEncodeError:  # bytes that are not UTF-8 in the request target
         return "request target is not UTF-8"
     return None
@@ -233,11 +240,23 @@ def secret_from_env() -> str:
     return secret
 
 
+class Front(typing.Protocol):
+    """What a role may put in front of aiohttp on each connection (the storage node's
+    node.fastpath): `wrap` takes aiohttp's protocol factory and returns the one the
+    listener uses; `close` runs at shutdown before aiohttp's own (the listener is closed:
+    finish what is in flight, within `timeout_s`, and close the connections it holds)."""
+
+    def wrap(self, factory: ProtocolFactory) -> ProtocolFactory: ...
+
+    async def close(self, timeout_s: float) -> None: ...
+
+
 def run(app: web.Application, host: str, port: int, reuse_port: bool = False,
-        max_connections: int | None = None) -> None:
+        max_connections: int | None = None, front: Front | None = None) -> None:
     """Serve on uvloop until SIGTERM or SIGINT (reuse_port: several processes share it),
     with at most `max_connections` open connections (default $ECSTORE_MAX_CONNECTIONS,
-    else DEFAULT_MAX_CONNECTIONS); past it a new connection gets a 503 (ConnectionCap).
+    else DEFAULT_MAX_CONNECTIONS); past it a new connection gets a 503 (ConnectionCap);
+    `front`, if given, sees each connection before aiohttp does.
     (uvloop cannot sendfile; asyncio's loop can, but serves small requests slower: measured,
     uvloop plus one unverified read per fragment GET was the better trade.)"""
     import uvloop
@@ -251,7 +270,7 @@ def run(app: web.Application, host: str, port: int, reuse_port: bool = False,
     _ensure_fd_limit(limit)
     uvloop.install()
     try:
-        asyncio.run(_serve(app, host, port, reuse_port, limit))
+        asyncio.run(_serve(app, host, port, reuse_port, limit, front))
     finally:  # the log writes in batches; a forked gateway worker ends with os._exit
         for handler in logging.getLogger().handlers:
             handler.flush()
@@ -310,7 +329,7 @@ class Allocator:
 
 
 async def _serve(app: web.Application, host: str, port: int, reuse_port: bool,
-                 max_connections: int) -> None:
+                 max_connections: int, front: Front | None = None) -> None:
     """aiohttp's run_app, but listening through a ConnectionCap. Shutdown as run_app's:
     stop listening, close idle connections, give requests in flight SHUTDOWN_TIMEOUT_S."""
     loop = asyncio.get_running_loop()
@@ -332,7 +351,8 @@ async def _serve(app: web.Application, host: str, port: int, reuse_port: bool,
     trimmer = asyncio.ensure_future(allocator.trim_loop()) if allocator.libc is not None else None
     try:
         assert runner.server is not None
-        cap = ConnectionCap(runner.server, max_connections)
+        factory: ProtocolFactory = runner.server
+        cap = ConnectionCap(factory if front is None else front.wrap(factory), max_connections)
         if obs is not None:
             obs.cap = cap
         listener = await loop.create_server(
@@ -344,6 +364,8 @@ async def _serve(app: web.Application, host: str, port: int, reuse_port: bool,
             trimmer.cancel()
         if listener is not None:
             listener.close()
+        if front is not None:
+            await front.close(SHUTDOWN_TIMEOUT_S)
         await runner.cleanup()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
@@ -397,9 +419,6 @@ def ensure_fd_limit_for_files(files: int) -> None:
     _ensure_fd_limit(max_connections_from_env(), files)
 
 
-ProtocolFactory = Callable[[], asyncio.Protocol]
-
-
 class ConnectionCap:
     """A protocol factory that lets at most `limit` connections be open at once.
 
@@ -425,7 +444,10 @@ class ConnectionCap:
             self._log_refusal()
             return _Refusal(self)
         self.open += 1
-        return _Admitted(self, self.factory())
+        inner = self.factory()
+        if isinstance(inner, asyncio.BufferedProtocol):
+            return _AdmittedBuffered(self, inner)
+        return _Admitted(self, inner)
 
     def _log_refusal(self) -> None:
         self.refused_total += 1
@@ -446,11 +468,12 @@ def refusal_reply(limit: int) -> bytes:
     return head.encode() + body
 
 
-class _Admitted(asyncio.Protocol):
-    """Passes every event to aiohttp's protocol; gives the slot back when the connection
-    is lost (or, if it never connected, when this object is collected)."""
+class _Forward:
+    """Passes every event to aiohttp's protocol (or the role's front); gives the slot
+    back when the connection is lost (or, if it never connected, when this object is
+    collected)."""
 
-    def __init__(self, cap: ConnectionCap, inner: asyncio.Protocol) -> None:
+    def __init__(self, cap: ConnectionCap, inner: Any) -> None:
         self.cap, self.inner = cap, inner
         self.held = True
 
@@ -461,9 +484,6 @@ class _Admitted(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.inner.connection_made(transport)
-
-    def data_received(self, data: bytes) -> None:
-        self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
         return self.inner.eof_received()
@@ -480,6 +500,24 @@ class _Admitted(asyncio.Protocol):
 
     def __del__(self) -> None:
         self._release()
+
+
+class _Admitted(_Forward, asyncio.Protocol):
+    """An admitted connection of a protocol that takes its bytes as they come."""
+
+    def data_received(self, data: bytes) -> None:
+        self.inner.data_received(data)
+
+
+class _AdmittedBuffered(_Forward, asyncio.BufferedProtocol):
+    """An admitted connection of a protocol that receives into its own buffers (uvloop
+    treats a protocol as one only if it is not also an asyncio.Protocol)."""
+
+    def get_buffer(self, sizehint: int) -> Any:
+        return self.inner.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.inner.buffer_updated(nbytes)
 
 
 class _Refusal(asyncio.Protocol):

@@ -19,6 +19,8 @@ from typing import Any
 from aiohttp import web
 
 from node import zerocopy
+from node.fastpath import FastPath
+from node.fastpath import enabled_from_env as fast_path_enabled
 from node.fragments import (
     DEFAULT_VOLUME_BYTES,
     CachedBody,
@@ -95,6 +97,7 @@ class SendStats:
 
 
 SENDS = web.AppKey("sends", SendStats)
+FAST = web.AppKey("fast_path", FastPath)   # in front of aiohttp when the node runs (main)
 
 
 async def _in_thread(fn: Any, *args: Any) -> Any:
@@ -121,6 +124,12 @@ class PutQueue:
 
     async def put(self, fid: str, body: Any, checksum: str, meta: dict[str, Any]) -> bool:
         """FragmentStore.put, in the next batch: True if it replaced a fragment."""
+        return await asyncio.shield(self.submit(fid, body, checksum, meta))
+
+    def submit(self, fid: str, body: Any, checksum: str,
+               meta: dict[str, Any]) -> asyncio.Future[bool]:
+        """put's future, settled when the batch is written (the caller may go away: the
+        put is written all the same, its error marked as seen)."""
         fut: asyncio.Future[bool] = self._loop.create_future()
         with self._cv:
             if self._closed:
@@ -130,7 +139,7 @@ class PutQueue:
         # a caller that goes away (its client hung up) leaves the put to finish, as a
         # pool thread would have: the answer is dropped (and an error seen here)
         fut.add_done_callback(retrieved)
-        return await asyncio.shield(fut)
+        return fut
 
     def close(self) -> None:
         """Write what is queued, then stop the thread."""
@@ -228,10 +237,10 @@ async def get_fragment(request: web.Request) -> web.StreamResponse:
     frag = store.read_cached(fid)
     if frag is None:
         frag = await _in_thread(store.read, fid, False)
-    return web.Response(body=frag.body, headers=_fragment_headers(frag.checksum, frag.meta))
+    return web.Response(body=frag.body, headers=fragment_headers(frag.checksum, frag.meta))
 
 
-def _fragment_headers(checksum: str, meta: dict[str, Any]) -> dict[str, str]:
+def fragment_headers(checksum: str, meta: dict[str, Any]) -> dict[str, str]:
     headers = {CHECKSUM_HEADER: checksum, META_HEADER: pack_header(meta)}
     crc = meta.get("crc32")
     if isinstance(crc, int) and 0 <= crc < 1 << 32:
@@ -253,7 +262,7 @@ async def _send_cached(request: web.Request, cached: CachedBody) -> web.StreamRe
     """The head through aiohttp, the body by sendfile straight from the volume file to the
     socket while the socket takes it (corked: head and body leave as one stream of full
     segments); what the socket does not take at once is read and written as usual."""
-    resp = _SentFile(headers=_fragment_headers(cached.checksum, cached.meta))
+    resp = _SentFile(headers=fragment_headers(cached.checksum, cached.meta))
     resp.content_length = cached.length
     await resp.prepare(request)
     transport = request.transport
@@ -372,6 +381,12 @@ def storage_metrics(app: web.Application) -> Families:
                   "sendfile from the page cache (no copy through the process).", sends.gets)
     yield counter("ecstore_storage_sendfile_bytes", "Fragment bytes sent by sendfile.",
                   sends.bytes)
+    fast = app[FAST]
+    yield counter("ecstore_storage_fast_requests", "Fragment GETs and PUTs answered by the "
+                  "fast path (node.fastpath), without aiohttp.", fast.requests)
+    yield counter("ecstore_storage_fast_handovers", "Connections the fast path handed to "
+                  "aiohttp (their first request not a fragment GET or PUT it answers).",
+                  fast.handovers)
     yield gauge("ecstore_storage_quarantined_fragments", "Fragment files in quarantine "
                 "(found corrupt by a reader or the scrubber).", store.quarantined)
     yield gauge("ecstore_storage_disk_free_bytes", "Free bytes on the data disk (for "
@@ -465,6 +480,8 @@ def make_app(config: StorageConfig) -> web.Application:
 
     app[COMPACTIONS] = [0]
     app[SENDS] = SendStats()
+    app[FAST] = FastPath(app, lambda: (app[STORE], app[PUTS], app[SENDS]), fragment_headers,
+                         SENDFILE_MIN_BYTES)
     app.cleanup_ctx.append(open_store)
     app.cleanup_ctx.append(background_scrub)
     app.cleanup_ctx.append(background_compaction)
@@ -516,7 +533,8 @@ def main(argv: list[str] | None = None) -> None:
                         volume_bytes=int(a.volume_mb * 2**20),
                         compact_rate_mb_s=a.compact_rate_mb_s,
                         observability=observability_config(a))
-    run(make_app(cfg), cfg.host, cfg.port)
+    app = make_app(cfg)
+    run(app, cfg.host, cfg.port, front=app[FAST] if fast_path_enabled() else None)
 
 
 def _env_rate() -> float:

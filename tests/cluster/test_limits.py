@@ -48,17 +48,22 @@ class Node:
 
 
 @contextlib.contextmanager
-def storage_node(max_connections: int) -> Iterator[Node]:
-    """A storage node process of our own on 127.0.0.1, killed (by its pid) at the end."""
+def storage_node(max_connections: int, extra_env: dict[str, str] | None = None,
+                 data: Path | None = None) -> Iterator[Node]:
+    """A storage node process of our own on 127.0.0.1, killed (by its pid) at the end;
+    its data in `data` if given (kept), else in a temporary directory (removed)."""
     tmp = Path(tempfile.mkdtemp(prefix="ecstore-limits-"))
     port = free_port()
     env = {**os.environ, "ECSTORE_SECRET": SECRET, MAX_CONNECTIONS_ENV: str(max_connections),
-           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           **(extra_env or {})}
     log = tmp / "node.log"
-    (tmp / "s1").mkdir()   # as LocalCluster does
+    if data is None:
+        data = tmp / "s1"
+        data.mkdir()   # as LocalCluster does
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "node.storage", "--id", "s1", "--data", str(tmp / "s1"),
+            [sys.executable, "-m", "node.storage", "--id", "s1", "--data", str(data),
              "--host", "127.0.0.1", "--port", str(port), "--no-fsync", "--scrub-rate-mb-s", "0"],
             env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)

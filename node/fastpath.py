@@ -1,0 +1,543 @@
+"""The storage node's fast path: fragment GETs and PUTs answered straight from the
+connection's protocol, without aiohttp's request, middleware and response objects.
+
+A fragment GET cost a storage node 235-430 us of CPU through aiohttp and our middlewares
+(a bare aiohttp route: 62-68 us; a raw asyncio protocol sending the same 256 KiB with
+sendfile: 60-92). Every connection starts here (`FastConn`, in front of aiohttp's
+protocol): it reads request heads itself and answers, byte for byte as the aiohttp routes
+would (node.storage: the same headers, statuses, error bodies, counters and request log
+line), the requests that make up nearly all of a node's traffic:
+
+- `GET /v1/fragments/{fid}`: by sendfile when the record is cached and >= 64 KiB, from
+  the page cache in the loop, else read in a thread; a missing fragment is a 404;
+- `PUT /v1/fragments/{fid}` with a Content-Length: the body received straight into one
+  buffer (no copy out of the socket's chunks), then the node's batch writer.
+
+Anything else - another route or method, a request not signed correctly, a head this
+parser would have to judge (no Content-Length on a PUT, Transfer-Encoding, Expect, a
+Connection header other than keep-alive, HTTP/1.0, a duplicate header, a line past
+aiohttp's limits, a bad metadata header, bytes that are not ASCII) - is handed to
+aiohttp with every byte not yet answered, and the connection stays with aiohttp from
+then on: it gives every error, limit and odd case the answer it gave before. So the fast
+path only ever answers requests whose answer it can give exactly; `ECSTORE_FAST_PATH=0`
+turns it off (every connection aiohttp's from its first byte).
+"""
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import http
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from aiohttp.http import SERVER_SOFTWARE
+
+from node import zerocopy
+from node.fragments import FRAGMENT_ID_RE, Fragment, pread_padded
+from node.metrics import Observer
+from node.server import (
+    KEEPALIVE_TIMEOUT_S,
+    MAX_BODY,
+    MAX_HEADER_FIELD_BYTES,
+    MAX_HEADERS,
+    MAX_REQUEST_LINE_BYTES,
+    OBSERVER,
+    SECRET_KEY,
+    ProtocolFactory,
+    malformed_signature_fields,
+)
+from store.alloc import unfilled
+from store.auth import CHECKSUM_HEADER, verify
+from store.errors import EcstoreError
+from store.transport import REQUEST_ID_HEADER, REQUEST_ID_RE, new_request_id
+from store.wire import FRAGMENT_META_HEADER as META_HEADER
+from store.wire import unpack_header
+
+log = logging.getLogger("ecstore.node")
+
+FAST_PATH_ENV = "ECSTORE_FAST_PATH"
+PREFIX = "/v1/fragments/"
+MAX_HEAD_BYTES = 16 * 1024        # no end of head within this: aiohttp judges it
+SCRATCH_BYTES = 64 * 1024          # what a read takes when it is not a PUT body
+MAX_BUFFERED_BYTES = 1024 * 1024   # bytes read ahead while a request is answered: then pause
+SWEEP_EVERY_S = 5.0                # how often idle connections are looked for
+DRAIN_POLL_S = 0.02
+
+
+def enabled_from_env() -> bool:
+    """$ECSTORE_FAST_PATH: 1 (default) or 0."""
+    text = os.environ.get(FAST_PATH_ENV, "1").strip().lower()
+    if text not in ("0", "1", "true", "false", "yes", "no", "on", "off", ""):
+        raise SystemExit(f"{FAST_PATH_ENV} must be 1 or 0, got {text!r}")
+    return text not in ("0", "false", "no", "off")
+
+
+class Request:
+    """One request head the fast path will answer."""
+    __slots__ = ("method", "target", "fid", "headers", "length", "rid", "started", "op")
+
+    def __init__(self, method: str, target: str, fid: str, headers: dict[str, str],
+                 length: int) -> None:
+        self.method, self.target, self.fid, self.headers = method, target, fid, headers
+        self.length = length
+        self.op = "get_fragment" if method == "GET" else "put_fragment"
+        self.started = time.perf_counter()
+        rid = headers.get(REQUEST_ID_HEADER)
+        self.rid = rid if rid is not None and REQUEST_ID_RE.fullmatch(rid) else new_request_id()
+
+
+def parse_head(head: bytes, max_body: int) -> Request | None:
+    """The request in `head` (without its blank line) if it is one the fast path
+    answers exactly as aiohttp's routes would; None for anything to hand to aiohttp."""
+    if not head.isascii():
+        return None
+    lines = head.decode("ascii").split("\r\n")
+    if len(lines[0]) > MAX_REQUEST_LINE_BYTES or len(lines) - 1 > MAX_HEADERS:
+        return None
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or parts[2] != "HTTP/1.1" or parts[0] not in ("GET", "PUT"):
+        return None
+    method, target = parts[0], parts[1]
+    if not target.startswith(PREFIX):
+        return None
+    fid = target[len(PREFIX):]
+    if not FRAGMENT_ID_RE.match(fid) or ".." in fid:
+        return None    # a query, a sub-path, an id aiohttp's route would refuse
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if (not sep or not name or len(line) > MAX_HEADER_FIELD_BYTES
+                or not name.isprintable() or " " in name or "\t" in name):
+            return None
+        value = value.strip(" \t")
+        if not value.isprintable():
+            return None   # a control character (aiohttp's parser refuses some)
+        name = name.lower()
+        if name in headers:
+            return None
+        headers[name] = value
+    if "transfer-encoding" in headers or "expect" in headers or "upgrade" in headers:
+        return None
+    connection = headers.get("connection")
+    if connection is not None and connection.lower() != "keep-alive":
+        return None
+    text = headers.get("content-length")
+    if text is None:
+        if method == "PUT":
+            return None
+        length = 0
+    elif not text.isdigit() or len(text) > 12:
+        return None
+    else:
+        length = int(text)
+    if (method == "GET" and length) or length > max_body:
+        return None
+    if malformed_signature_fields(headers, target) is not None:
+        return None
+    if method == "PUT":
+        try:
+            unpack_header(headers.get(META_HEADER))
+        except EcstoreError:
+            return None
+    return Request(method, target, fid, headers, length)
+
+
+_date: list[Any] = [0, ""]
+
+
+def http_date() -> str:
+    """The Date header's value, made once a second."""
+    now = int(time.time())
+    if _date[0] != now:
+        _date[:] = [now, email.utils.formatdate(now, usegmt=True)]
+    return _date[1]
+
+
+def response_head(status: int, length: int, content_type: str | None,
+                  headers: dict[str, str] | None = None) -> bytes:
+    """A response head as aiohttp writes one for web.Response (no Content-Type on a
+    response without a body)."""
+    phrase = http.HTTPStatus(status).phrase
+    extra = "".join([f"{k}: {v}\r\n" for k, v in headers.items()]) if headers else ""
+    ctype = f"Content-Type: {content_type}\r\n" if content_type else ""
+    return (f"HTTP/1.1 {status} {phrase}\r\n{ctype}Content-Length: {length}\r\n{extra}"
+            f"Date: {http_date()}\r\nServer: {SERVER_SOFTWARE}\r\n\r\n").encode("latin-1")
+
+
+class FastPath:
+    """The fast path of one storage node process (its app): the connections it holds and
+    what it counted. Its `wrap` goes to node.server.run as the front."""
+
+    def __init__(self, app: web.Application, parts: Callable[[], tuple[Any, Any, Any]],
+                 fragment_headers: Callable[[str, dict[str, Any]], dict[str, str]],
+                 sendfile_min: int) -> None:
+        """`parts()` gives the node's (FragmentStore, PutQueue, SendStats) once the app
+        has started; the rest as node.storage's routes use them."""
+        self.app, self.parts = app, parts
+        self.fragment_headers, self.sendfile_min = fragment_headers, sendfile_min
+        self.conns: set[FastConn] = set()
+        self.requests = 0        # answered here
+        self.handovers = 0       # connections handed to aiohttp
+        self.closing = False
+        self._bound = False
+        self._sweeper: asyncio.Task[None] | None = None
+        # set by bind(), once the app has started (the store opens at startup)
+        self.store: Any = None
+        self.puts: Any = None
+        self.sends: Any = None
+        self.secret = ""
+        self.observer: Observer | None = None
+        self.max_body = 0
+
+    def bind(self) -> None:
+        app = self.app
+        self.store, self.puts, self.sends = self.parts()
+        self.secret, self.observer, self.max_body = app[SECRET_KEY], app[OBSERVER], app[MAX_BODY]
+        self._bound = True
+
+    def wrap(self, factory: ProtocolFactory) -> ProtocolFactory:
+        def make() -> FastConn:
+            if not self._bound:
+                self.bind()
+                self._sweeper = asyncio.ensure_future(self._sweep())
+            return FastConn(self, factory)
+        return make
+
+    async def _sweep(self) -> None:
+        """Close connections idle for KEEPALIVE_TIMEOUT_S, as aiohttp does its own."""
+        while True:
+            await asyncio.sleep(SWEEP_EVERY_S)
+            now = time.monotonic()
+            for conn in list(self.conns):
+                if conn.idle() and now - conn.last_active > KEEPALIVE_TIMEOUT_S:
+                    conn.close()
+
+    async def close(self, timeout_s: float) -> None:
+        """Stop: close idle connections now, the others once their answer is written
+        (a PUT's once its batch is), all of them by `timeout_s`."""
+        self.closing = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for conn in list(self.conns):
+                if conn.idle():
+                    conn.close()
+            if not self.conns or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(DRAIN_POLL_S)
+        for conn in list(self.conns):
+            conn.abort()
+
+
+class FastConn(asyncio.BufferedProtocol):
+    """One connection: fragment GETs and PUTs answered here until the first request
+    that is not one of them; from then on, aiohttp's protocol (`inner`) has it."""
+
+    def __init__(self, fp: FastPath, factory: ProtocolFactory) -> None:
+        self.fp, self.factory = fp, factory
+        self.inner: Any = None
+        self.transport: Any = None
+        self.fd = -1
+        self.buf = bytearray()            # bytes received, not yet answered
+        self.scratch = bytearray(SCRATCH_BYTES)
+        self.req: Request | None = None   # the request being read or answered
+        self.body: bytearray | None = None
+        self.body_view: memoryview | None = None
+        self.got = 0                      # of the PUT body
+        self.into_body = False            # the last get_buffer handed out the body
+        self.busy = False                 # an answer is on its way (thread, batch)
+        self.write_paused = False
+        self.read_paused = False
+        self.eof = False
+        self.closed = False
+        self.last_active = time.monotonic()
+
+    # ---- asyncio callbacks -----------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        self.fd = sock.fileno() if sock is not None else -1
+        self.fp.conns.add(self)
+        if self.fp.closing:
+            self.close()
+
+    def get_buffer(self, sizehint: int) -> Any:
+        if self.inner is None and self.body_view is not None:
+            self.into_body = True
+            return self.body_view[self.got:]
+        self.into_body = False
+        return self.scratch
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.inner is not None:
+            self.inner.data_received(bytes(self.scratch[:nbytes]))
+            return
+        self.last_active = time.monotonic()
+        if self.into_body:
+            self.got += nbytes
+            if self.body is not None and self.got == len(self.body):
+                self._body_done()
+                self._next()
+            return
+        self.buf += memoryview(self.scratch)[:nbytes]
+        if self.busy or self.write_paused:
+            if len(self.buf) > MAX_BUFFERED_BYTES and not self.read_paused:
+                self.read_paused = True
+                self.transport.pause_reading()
+            return
+        self._next()
+
+    def eof_received(self) -> bool | None:
+        if self.inner is not None:
+            return self.inner.eof_received()
+        self.eof = True
+        self._next()        # what came before the end is answered
+        if self.inner is not None or self.busy:
+            return True     # our side stays open for the answer; closed after it
+        return False        # idle, or a request cut short: close
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        if self.inner is not None:
+            self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self.inner is not None:
+            self.inner.resume_writing()
+        else:
+            self._next()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.fp.conns.discard(self)
+        req = self.req
+        if self.inner is not None:
+            self.inner.connection_lost(exc)
+        elif req is not None and self.body is not None and self.got < req.length:
+            # a PUT cut short: counted as aiohttp's route counts it (its 400 went nowhere)
+            self._account(req, 400, self.got, 0)
+        self.body = self.body_view = None
+
+    # ---- state -----------------------------------------------------------------------
+    def idle(self) -> bool:
+        return self.inner is None and not self.busy and self.body is None
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.close()
+
+    def abort(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.abort()
+
+    def _next(self) -> None:
+        """Answer the requests buffered, in order, while they are ours and nothing is
+        waiting; hand the connection to aiohttp at the first that is not."""
+        while (self.inner is None and not self.busy and not self.write_paused
+               and not self.closed and self.body is None):
+            if self.fp.closing and not self.buf:
+                self.close()
+                return
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self.buf) > MAX_HEAD_BYTES:
+                    self._hand_over()
+                elif self.eof:
+                    self.close()
+                return
+            req = parse_head(bytes(self.buf[:end]), self.fp.max_body)
+            if req is None or verify(self.fp.secret, req.method, req.target, req.headers,
+                                     time.time()) is not None:
+                self._hand_over()
+                return
+            del self.buf[:end + 4]
+            self.req = req
+            if req.method == "GET":
+                self._get(req)
+            else:
+                self._start_put(req)
+        if self.read_paused and len(self.buf) <= MAX_BUFFERED_BYTES and not self.closed:
+            self.read_paused = False
+            self.transport.resume_reading()
+
+    def _hand_over(self) -> None:
+        """aiohttp's from now on, with every byte not yet answered."""
+        self.fp.handovers += 1
+        self.fp.conns.discard(self)    # aiohttp's shutdown closes it now
+        inner: Any = self.factory()
+        self.inner = inner
+        inner.connection_made(self.transport)
+        if self.write_paused:
+            inner.pause_writing()
+        if self.read_paused:
+            self.read_paused = False
+            self.transport.resume_reading()
+        data, self.buf = bytes(self.buf), bytearray()
+        if data:
+            inner.data_received(data)
+        if self.eof:
+            if not inner.eof_received():
+                self.close()
+
+    # ---- GET -------------------------------------------------------------------------
+    def _get(self, req: Request) -> None:
+        store = self.fp.store
+        try:
+            cached = store.cached_body(req.fid, self.fp.sendfile_min)
+            if cached is not None:
+                self._send_cached(req, cached)
+                return
+            frag = store.read_cached(req.fid)
+        except Exception as exc:   # noqa: BLE001 - NotFound and the like: its answer
+            self._error(req, exc)
+            return
+        if frag is not None:
+            self._send_fragment(req, frag)
+            return
+        self._wait(asyncio.get_running_loop().run_in_executor(None, store.read, req.fid, False),
+                   req, self._read_done)
+
+    def _read_done(self, req: Request, fut: asyncio.Future[Fragment]) -> None:
+        self._send_fragment(req, fut.result())
+
+    def _send_fragment(self, req: Request, frag: Fragment) -> None:
+        body = frag.body
+        head = response_head(200, len(body), "application/octet-stream",
+                             self.fp.fragment_headers(frag.checksum, frag.meta))
+        if len(body) <= SCRATCH_BYTES:
+            self.transport.write(head + body)
+        else:
+            self.transport.write(head)
+            self.transport.write(body)
+        self._done(req, 200, 0, len(head) + len(body))
+
+    def _send_cached(self, req: Request, cached: Any) -> None:
+        """node.storage._send_cached without aiohttp: the head, then the body by
+        sendfile while the socket takes it (corked), the rest read and written."""
+        head = response_head(200, cached.length, "application/octet-stream",
+                             self.fp.fragment_headers(cached.checksum, cached.meta))
+        transport, fd, sent = self.transport, self.fd, 0
+        if fd >= 0:
+            zerocopy.cork(fd, True)
+        try:
+            transport.write(head)
+            if fd >= 0 and transport.get_write_buffer_size() == 0:
+                sent = zerocopy.send(fd, cached.vol.fd, cached.offset, cached.length)
+            if sent < 0:       # the client went away
+                zerocopy.cork(fd, False)
+                fd = -1
+                self._done(req, 200, 0, len(head))
+                transport.abort()
+                return
+            if sent:
+                self.fp.sends.gets += 1
+                self.fp.sends.bytes += sent
+            if sent < cached.length:
+                transport.write(pread_padded(cached.vol.fd, cached.length - sent,
+                                             cached.offset + sent))
+        finally:
+            if fd >= 0:
+                zerocopy.cork(fd, False)
+        self._done(req, 200, 0, len(head) + cached.length)
+
+    # ---- PUT -------------------------------------------------------------------------
+    def _start_put(self, req: Request) -> None:
+        n = req.length
+        body = self.body = unfilled(n)   # every byte written below before it is used
+        view = self.body_view = memoryview(body)
+        take = min(n, len(self.buf))
+        view[:take] = memoryview(self.buf)[:take]
+        del self.buf[:take]
+        self.got = take
+        if take == n:
+            self._body_done()
+
+    def _body_done(self) -> None:
+        req, body = self.req, self.body
+        assert req is not None and body is not None
+        self.body = self.body_view = None
+        self.into_body = False
+        try:
+            fut = self.fp.puts.submit(req.fid, body, req.headers.get(CHECKSUM_HEADER, ""),
+                                      unpack_header(req.headers.get(META_HEADER)))
+        except Exception as exc:   # noqa: BLE001 - Unavailable: shutting down
+            self._error(req, exc)
+            return
+        self._wait(fut, req, self._put_done)
+
+    def _put_done(self, req: Request, fut: asyncio.Future[bool]) -> None:
+        status = 200 if fut.result() else 201
+        head = response_head(status, 0, None)
+        self.transport.write(head)
+        self._done(req, status, req.length, len(head))
+
+    # ---- answers ---------------------------------------------------------------------
+    def _wait(self, fut: asyncio.Future[Any], req: Request,
+              then: Callable[[Request, Any], None]) -> None:
+        """Answer `req` with then(req, fut) once `fut` is done (its error: the error's
+        answer); nothing more is read from the buffer meanwhile."""
+        self.busy = True
+        obs = self.fp.observer
+        if obs is not None:
+            obs.in_flight += 1
+
+        def settled(f: asyncio.Future[Any]) -> None:
+            self.busy = False
+            if obs is not None:
+                obs.in_flight -= 1
+            if self.closed:     # nobody to answer; a PUT was written all the same
+                self._account(req, _status_of(f), req.length if req.method == "PUT" else 0, 0)
+                return
+            try:
+                then(req, f)
+            except Exception as exc:   # noqa: BLE001 - the error's answer
+                self._error(req, exc)
+            if self.eof:
+                self.close()
+                return
+            self._next()
+        fut.add_done_callback(settled)
+
+    def _error(self, req: Request, exc: BaseException) -> None:
+        """The answer node.server.error_middleware gives `exc`."""
+        if isinstance(exc, EcstoreError):
+            err = exc
+        else:
+            log.error("unhandled error in %s %s", req.method, req.target, exc_info=exc)
+            err = EcstoreError("internal error")
+        body = json.dumps(err.to_body()).encode()
+        head = response_head(err.status, len(body), "application/json; charset=utf-8")
+        self.transport.write(head + body)
+        self._done(req, err.status, req.length if req.method == "PUT" else 0,
+                   len(head) + len(body))
+
+    def _done(self, req: Request, status: int, n_in: int, n_out: int) -> None:
+        self.req = None
+        self._account(req, status, n_in, n_out)
+
+    def _account(self, req: Request, status: int, n_in: int, n_out: int) -> None:
+        self.fp.requests += 1
+        obs = self.fp.observer
+        if obs is not None:
+            obs.record(req.op, req.method, status, time.perf_counter() - req.started,
+                       n_in, n_out, req.rid)
+
+
+def _status_of(fut: asyncio.Future[Any]) -> int:
+    """The status a settled answer would have had (its error's, a put's 200 or 201)."""
+    if fut.cancelled():
+        return 500
+    exc = fut.exception()
+    if exc is None:
+        return 200 if fut.result() is not False else 201
+    return exc.status if isinstance(exc, EcstoreError) else 500
+
+
+__all__ = ["FastPath", "FastConn", "FAST_PATH_ENV", "enabled_from_env", "parse_head"]
