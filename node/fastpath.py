@@ -181,6 +181,9 @@ class FastPath:
         self.app, self.parts = app, parts
         self.fragment_headers, self.sendfile_min = fragment_headers, sendfile_min
         self.conns: set[FastConn] = set()
+        # what a read takes when it is not a PUT body, shared by every connection (one
+        # event loop): buffer_updated copies what it got out of it before returning
+        self.scratch = bytearray(SCRATCH_BYTES)
         self.requests = 0        # answered here
         self.handovers = 0       # connections handed to aiohttp
         self.closing = False
@@ -245,7 +248,7 @@ class FastConn(asyncio.BufferedProtocol):
         self.transport: Any = None
         self.fd = -1
         self.buf = bytearray()            # bytes received, not yet answered
-        self.scratch = bytearray(SCRATCH_BYTES)
+        self.scratch = fp.scratch
         self.req: Request | None = None   # the request being read or answered
         self.body: bytearray | None = None
         self.body_view: memoryview | None = None
