@@ -25,11 +25,13 @@ turns it off (every connection aiohttp's from its first byte).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import http
 import json
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -266,6 +268,9 @@ class FastConn(asyncio.BufferedProtocol):
         self.transport = transport
         sock = transport.get_extra_info("socket")
         self.fd = sock.fileno() if sock is not None else -1
+        if sock is not None:   # as aiohttp's protocol does: dead peers found while idle
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         self.fp.conns.add(self)
         if self.fp.closing:
             self.close()
@@ -394,12 +399,12 @@ class FastConn(asyncio.BufferedProtocol):
         store = self.fp.store
         try:
             cached = store.cached_body(req.fid, self.fp.sendfile_min)
-            if cached is not None:
-                self._send_cached(req, cached)
-                return
-            frag = store.read_cached(req.fid)
+            frag = None if cached is not None else store.read_cached(req.fid)
         except Exception as exc:   # noqa: BLE001 - NotFound and the like: its answer
             self._error(req, exc)
+            return
+        if cached is not None:
+            self._send_cached(req, cached)
             return
         if frag is not None:
             self._send_fragment(req, frag)
@@ -433,21 +438,22 @@ class FastConn(asyncio.BufferedProtocol):
             transport.write(head)
             if fd >= 0 and transport.get_write_buffer_size() == 0:
                 sent = zerocopy.send(fd, cached.vol.fd, cached.offset, cached.length)
-            if sent < 0:       # the client went away
-                zerocopy.cork(fd, False)
-                fd = -1
-                self._done(req, 200, 0, len(head))
-                transport.abort()
-                return
-            if sent:
+            if sent > 0:
                 self.fp.sends.gets += 1
                 self.fp.sends.bytes += sent
-            if sent < cached.length:
+            if 0 <= sent < cached.length:
                 transport.write(pread_padded(cached.vol.fd, cached.length - sent,
                                              cached.offset + sent))
+        except Exception as exc:   # noqa: BLE001 - the head is out: no other answer fits
+            log.error("fragment %s: read failed while sending it", req.fid, exc_info=exc)
+            sent = -2
         finally:
             if fd >= 0:
                 zerocopy.cork(fd, False)
+        if sent < 0:       # the client went away (-1), or the body could not be read
+            self._done(req, 200 if sent == -1 else 500, 0, len(head))
+            transport.abort()
+            return
         self._done(req, 200, 0, len(head) + cached.length)
 
     # ---- PUT -------------------------------------------------------------------------
@@ -502,10 +508,7 @@ class FastConn(asyncio.BufferedProtocol):
                 then(req, f)
             except Exception as exc:   # noqa: BLE001 - the error's answer
                 self._error(req, exc)
-            if self.eof:
-                self.close()
-                return
-            self._next()
+            self._next()    # what else came (after an end from the client: then closed)
         fut.add_done_callback(settled)
 
     def _error(self, req: Request, exc: BaseException) -> None:
