@@ -250,6 +250,7 @@ ODD = {
     "bad meta": request("PUT", "/v1/fragments/d.x", b"abc", {FRAGMENT_META_HEADER: "!!"}),
     "non-ascii": request("GET", "/v1/fragments/d.x", headers={"x-note": "caf\u00e9"}),
     "control char": request("GET", "/v1/fragments/d.x", headers={"x-note": "a\x01b"}),
+    "header name not a token": request("GET", "/v1/fragments/d.x", headers={"x(y)": "1"}),
 }
 
 

@@ -55,6 +55,7 @@ def test_a_request_id_is_kept_when_well_formed_else_made() -> None:
     head(extra="Upgrade: h2c\r\n"),
     head(extra="Host: again\r\n"),                              # a repeated header
     head(extra="x-bad : 1\r\n"), head(extra="no colon\r\n"), head(extra=" folded\r\n"),
+    head(extra="x(y): 1\r\n"), head(extra=": empty name\r\n"),
     head(extra="x-note: caf\u00e9\r\n"), head(extra="x-note: a\x01b\r\n"),
     head(extra="x-long: " + "a" * 9000 + "\r\n"),
     head(length="5"),                                           # a GET with a body
