@@ -69,6 +69,7 @@ FAST_PATH_ENV = "ECSTORE_FAST_PATH"
 PREFIX = "/v1/fragments/"
 MAX_HEAD_BYTES = 16 * 1024        # no end of head within this: aiohttp judges it
 SCRATCH_BYTES = 64 * 1024          # what a read takes when it is not a PUT body
+SMALL_BODY_BYTES = 64 * 1024       # a body this small goes out in one write with its head
 MAX_BUFFERED_BYTES = 1024 * 1024   # bytes read ahead while a request is answered: then pause
 SWEEP_EVERY_S = 5.0                # how often idle connections are looked for
 DRAIN_POLL_S = 0.02
@@ -85,12 +86,12 @@ def enabled_from_env() -> bool:
 
 class Request:
     """One request head the fast path will answer."""
-    __slots__ = ("method", "target", "fid", "headers", "length", "rid", "started", "op")
+    __slots__ = ("method", "target", "fid", "headers", "length", "meta", "rid", "started", "op")
 
     def __init__(self, method: str, target: str, fid: str, headers: dict[str, str],
-                 length: int) -> None:
+                 length: int, meta: dict[str, Any]) -> None:
         self.method, self.target, self.fid, self.headers = method, target, fid, headers
-        self.length = length
+        self.length, self.meta = length, meta     # meta: a PUT's fragment meta header
         self.op = "get_fragment" if method == "GET" else "put_fragment"
         self.started = time.perf_counter()
         rid = headers.get(REQUEST_ID_HEADER)
@@ -144,12 +145,13 @@ def parse_head(head: bytes, max_body: int) -> Request | None:
         return None
     if malformed_signature_fields(headers, target) is not None:
         return None
+    meta: dict[str, Any] = {}
     if method == "PUT":
         try:
-            unpack_header(headers.get(META_HEADER))
+            meta = unpack_header(headers.get(META_HEADER))
         except EcstoreError:
             return None
-    return Request(method, target, fid, headers, length)
+    return Request(method, target, fid, headers, length, meta)
 
 
 _date: list[Any] = [0, ""]
@@ -422,7 +424,7 @@ class FastConn(asyncio.BufferedProtocol):
         body = frag.body
         head = response_head(200, len(body), "application/octet-stream",
                              self.fp.fragment_headers(frag.checksum, frag.meta))
-        if len(body) <= SCRATCH_BYTES:
+        if len(body) <= SMALL_BODY_BYTES:
             self.transport.write(head + body)
         else:
             self.transport.write(head)
@@ -439,14 +441,9 @@ class FastConn(asyncio.BufferedProtocol):
             zerocopy.cork(fd, True)
         try:
             transport.write(head)
-            if fd >= 0 and transport.get_write_buffer_size() == 0:
-                sent = zerocopy.send(fd, cached.vol.fd, cached.offset, cached.length)
-            if sent > 0:
-                self.fp.sends.gets += 1
-                self.fp.sends.bytes += sent
-            if 0 <= sent < cached.length:
-                transport.write(pread_padded(cached.vol.fd, cached.length - sent,
-                                             cached.offset + sent))
+            sent, rest = send_cached_body(transport, fd, cached, self.fp.sends)
+            if rest:
+                transport.write(rest)
         except Exception as exc:   # noqa: BLE001 - the head is out: no other answer fits
             log.error("fragment %s: read failed while sending it", req.fid, exc_info=exc)
             sent = -2
@@ -478,7 +475,7 @@ class FastConn(asyncio.BufferedProtocol):
         self.into_body = False
         try:
             fut = self.fp.puts.submit(req.fid, body, req.headers.get(CHECKSUM_HEADER, ""),
-                                      unpack_header(req.headers.get(META_HEADER)))
+                                      req.meta)
         except Exception as exc:   # noqa: BLE001 - Unavailable: shutting down
             self._error(req, exc)
             return
@@ -537,6 +534,27 @@ class FastConn(asyncio.BufferedProtocol):
         if obs is not None:
             obs.record(req.op, req.method, status, time.perf_counter() - req.started,
                        n_in, n_out, req.rid)
+
+
+def send_cached_body(transport: Any, fd: int, cached: Any, sends: Any) -> tuple[int, bytes]:
+    """A cached record's body (node.fragments.CachedBody) after its head, for both ways a
+    storage node answers a GET: by sendfile(2) straight from the volume file to the socket
+    `fd` (corked by the caller) as far as the socket takes it now, and only when nothing is
+    queued ahead of it in `transport`; the rest read, for the caller to write. Returns
+    (bytes sent by sendfile, counted in `sends`; -1 if the client went away: abort, the
+    rest, b"" when none). A file shorter than its index says stops sendfile, and the rest
+    is zeros (pread_padded: the reader's check fails)."""
+    sent = 0
+    if fd >= 0 and transport.get_write_buffer_size() == 0:
+        sent = zerocopy.send(fd, cached.vol.fd, cached.offset, cached.length)
+    if sent < 0:
+        return sent, b""
+    if sent:
+        sends.gets += 1
+        sends.bytes += sent
+    if sent == cached.length:
+        return sent, b""
+    return sent, pread_padded(cached.vol.fd, cached.length - sent, cached.offset + sent)
 
 
 def _status_of(fut: asyncio.Future[Any]) -> int:

@@ -19,14 +19,13 @@ from typing import Any
 from aiohttp import web
 
 from node import zerocopy
-from node.fastpath import FastPath
+from node.fastpath import FastPath, send_cached_body
 from node.fastpath import enabled_from_env as fast_path_enabled
 from node.fragments import (
     DEFAULT_VOLUME_BYTES,
     CachedBody,
     FragmentStore,
     Written,
-    pread_padded,
 )
 from node.metrics import Families, ObservabilityConfig, counter, gauge, observability_config
 from node.scrub import (
@@ -267,28 +266,20 @@ async def _send_cached(request: web.Request, cached: CachedBody) -> web.StreamRe
     await resp.prepare(request)
     transport = request.transport
     sock = transport.get_extra_info("socket") if transport is not None else None
-    fd, sent = (sock.fileno() if sock is not None else -1), 0
+    fd = sock.fileno() if sock is not None else -1
     if fd >= 0:
         zerocopy.cork(fd, True)
     try:
         await resp.write(b"")          # the head, held by the cork
-        if fd >= 0 and transport is not None and transport.get_write_buffer_size() == 0:
-            # nothing queued ahead of these bytes; a file shorter than its index says
-            # stops it, and the rest is zeros (pread_padded: the reader's check fails)
-            sent = zerocopy.send(fd, cached.vol.fd, cached.offset, cached.length)
+        sent, rest = send_cached_body(transport, fd, cached, request.app[SENDS])
         if sent < 0 and transport is not None:   # the client went away
             zerocopy.cork(fd, False)   # (before the abort closes the fd)
             fd = -1
             transport.abort()
             return resp
         resp.sent = sent
-        if sent:
-            stats = request.app[SENDS]
-            stats.gets += 1
-            stats.bytes += sent
-        if sent < cached.length:
-            rest = cached.length - sent
-            await resp.write(pread_padded(cached.vol.fd, rest, cached.offset + sent))
+        if rest:
+            await resp.write(rest)
     finally:
         if fd >= 0:
             zerocopy.cork(fd, False)
