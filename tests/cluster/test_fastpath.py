@@ -24,7 +24,7 @@ from node.fragments import stored_fragments
 from store.auth import CHECKSUM_HEADER, sign_headers
 from store.digest import digest
 from store.wire import FRAGMENT_CRC_HEADER, FRAGMENT_META_HEADER, pack_header
-from tests.cluster.test_limits import SECRET, Node, storage_node
+from tests.cluster.storagenode import SECRET, Node, storage_node
 
 TIMEOUT_S = 10.0
 

@@ -3,26 +3,18 @@
 serves again once connections close."""
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import select
-import shutil
 import signal
 import socket
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from cli.localcluster import LocalCluster, free_port
+from cli.localcluster import LocalCluster
 from node.control import MAX_BODY_BYTES as CONTROL_MAX_BODY_BYTES
-from node.server import MAX_CONNECTIONS_ENV, MAX_HEADER_FIELD_BYTES, MAX_HEADERS, MAX_REQUEST_LINE_BYTES
+from node.server import MAX_HEADER_FIELD_BYTES, MAX_HEADERS, MAX_REQUEST_LINE_BYTES
 from node.storage import MAX_FRAGMENT_BYTES
 from store.client import MAX_USER_META_BYTES, SyncClient
 from store.errors import BadRequest
@@ -30,54 +22,11 @@ from store.names import MAX_KEY_BYTES
 from store.wire import FRAGMENT_META_HEADER, MAX_META_HEADER_BYTES, MAX_RECORD_BYTES, pack
 from tests.cluster.conftest import wait_for
 from tests.cluster.rawhttp import Answer, exchange, head_bytes, signed
+from tests.cluster.storagenode import SECRET, Node, health, storage_node
 
-ROOT = Path(__file__).resolve().parents[2]
 CAP = 8
-SECRET = "limits-test-secret-0123456789"
-START_TIMEOUT_S = 30.0
 SETTLE_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 15.0
-
-
-# ---- one storage node of our own, with a small connection cap ----------------------------
-@dataclass
-class Node:
-    port: int
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-
-@contextlib.contextmanager
-def storage_node(max_connections: int, extra_env: dict[str, str] | None = None,
-                 data: Path | None = None) -> Iterator[Node]:
-    """A storage node process of our own on 127.0.0.1, killed (by its pid) at the end;
-    its data in `data` if given (kept), else in a temporary directory (removed)."""
-    tmp = Path(tempfile.mkdtemp(prefix="ecstore-limits-"))
-    port = free_port()
-    env = {**os.environ, "ECSTORE_SECRET": SECRET, MAX_CONNECTIONS_ENV: str(max_connections),
-           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           **(extra_env or {})}
-    log = tmp / "node.log"
-    if data is None:
-        data = tmp / "s1"
-        data.mkdir()   # as LocalCluster does
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "node.storage", "--id", "s1", "--data", str(data),
-             "--host", "127.0.0.1", "--port", str(port), "--no-fsync", "--scrub-rate-mb-s", "0"],
-            env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True)
-    node = Node(port, proc, log)
-    try:
-        wait_for(lambda: proc.poll() is not None or health(node) == 200, START_TIMEOUT_S,
-                   "the node to start")
-        assert proc.poll() is None, log.read_text()[-3000:]
-        yield node
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -86,14 +35,6 @@ def capped() -> Iterator[Node]:
         yield node
         text = node.log.read_text(errors="replace")
     assert "Traceback" not in text and " ERROR " not in text, text[-3000:]
-
-
-def health(node: Node) -> int | None:
-    try:
-        return exchange(node.port, "GET", head_bytes("GET", b"/v1/health", node.port,
-                                                     [("Connection", b"close")]), timeout_s=2).status
-    except OSError:
-        return None
 
 
 def hold(node: Node) -> socket.socket:
