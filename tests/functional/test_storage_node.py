@@ -167,19 +167,28 @@ def test_reads_from_the_page_cache_skip_the_thread_and_others_do_not(tmp_path: P
     frag = store.read_cached("v5.0.0")
     assert frag is not None and bytes(frag.body) == body and frag.meta == {"crc32": 7}
 
-    # Written back by the fsync: clean pages can be dropped. Looked at with cachestat, not
-    # read_cached: a RWF_NOWAIT read of pages not cached answers EAGAIN but starts their
-    # readahead, and the pages were back by the next look (the test failed now and then).
+    # Written back by the fsync: clean pages can be dropped, and zerocopy.resident
+    # (cachestat, or mincore where a seccomp filter refuses cachestat) says when they are
+    # gone without reading them. A RWF_NOWAIT read of pages not cached answers EAGAIN, but
+    # it starts their readahead first, and on a busy machine that can finish before the
+    # read looks (seen 4 times in 15 with both cores loaded): then read_cached serves the
+    # fragment, which is right too. So: evicted, asked, again until it says None.
     fd = os.open(path, os.O_RDONLY)
     size = os.fstat(fd).st_size
-    for _ in range(100):   # (the kernel skips pages still in another CPU's batch: again)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        cached = zerocopy.resident(fd, record_at, size - record_at)
-        if cached is False or (cached is None and store.read_cached("v5.0.0") is None):
+    answers = []
+    for _ in range(30):
+        for _ in range(100):   # (the kernel skips pages still in another CPU's batch: again)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            if zerocopy.resident(fd, record_at, size - record_at) is False:
+                break
+            time.sleep(0.02)
+        got = store.read_cached("v5.0.0")
+        answers.append(got is None)
+        if got is None:
             break
-        time.sleep(0.02)
+        assert bytes(got.body) == body                      # raced the disk: still right
     os.close(fd)
-    assert store.read_cached("v5.0.0") is None
+    assert answers[-1], f"read_cached served an evicted record {len(answers)} times in a row"
     assert bytes(store.read("v5.0.0").body) == body         # the thread path reads it in
     assert store.read_cached("v5.0.0") is not None          # ... and now it is cached
 
