@@ -336,6 +336,58 @@ def test_a_slow_reader_and_a_fragment_not_in_the_page_cache(fast: Node) -> None:
         slow.close()
 
 
+def test_reading_pauses_while_requests_pile_up_behind_an_answer(fast: Node) -> None:
+    """A client that pipelines requests behind an answer it does not read: the node reads
+    about 1 MiB ahead (node.fastpath.MAX_BUFFERED_BYTES), then leaves the rest in the
+    kernel's buffers - it does not take 48 MiB into memory - and once the answer is read,
+    the requests that piled up are answered in order."""
+    big = os.urandom(8 * 1024 * 1024)
+    c = Conn(fast.port)
+    try:
+        c.send(request("PUT", "/v1/fragments/f.pile", big))
+        assert c.answer()[0] == 201
+    finally:
+        c.close()
+    one = os.urandom(1024 * 1024)
+    put = request("PUT", "/v1/fragments/f.piled", one)
+    stream = put * 48                        # 48 PUTs of 1 MiB, sent behind the GET
+    slow = Conn(fast.port, rcvbuf=8192)
+    slow.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+    try:
+        slow.send(request("GET", "/v1/fragments/f.pile"))
+        time.sleep(0.3)                      # the answer has filled the socket: pending
+        slow.sock.setblocking(False)
+        sent, stalled_since = 0, None
+        deadline = time.monotonic() + TIMEOUT_S
+        while sent < len(stream) and time.monotonic() < deadline:
+            try:
+                sent += slow.sock.send(stream[sent:sent + 256 * 1024])
+                stalled_since = None
+            except BlockingIOError:          # the node has stopped reading: for how long?
+                stalled_since = stalled_since or time.monotonic()
+                if time.monotonic() - stalled_since > 1.0:
+                    break
+                time.sleep(0.01)
+        # the kernel's buffers on both sides take some (a few MiB: tcp_rmem autotuning)
+        assert sent < len(stream) // 2, f"the node read {sent} bytes behind a pending answer"
+        slow.sock.settimeout(TIMEOUT_S)
+        status, _, got = slow.answer()
+        assert status == 200 and got == big
+        whole, rest = divmod(sent, len(put))
+        slow.send(stream[sent:(whole + 1) * len(put)] if rest else b"")
+        statuses = [slow.answer()[0] for _ in range(whole + (1 if rest else 0))]
+        assert statuses == [201] + [200] * (len(statuses) - 1)   # in order: new, replaced
+    finally:
+        slow.close()
+    c = Conn(fast.port)
+    try:
+        c.send(request("GET", "/v1/fragments/f.piled"))
+        status, _, got = c.answer()
+        assert status == 200 and got == one
+    finally:
+        c.close()
+
+
 def _cached(path: str) -> bool:
     from node import zerocopy
     fd = os.open(path, os.O_RDONLY)
