@@ -111,12 +111,6 @@ def disable() -> None:
     _available = _cachestat = _mincore = False
 
 
-def disable_cachestat() -> None:
-    """Ask mincore from now on (tests: a kernel or container without cachestat)."""
-    global _cachestat
-    _cachestat = False
-
-
 def resident(fd: int, offset: int, length: int) -> bool | None:
     """True if every page of fd's bytes offset..offset+length is in the page cache,
     False if some are not, None if this kernel cannot say."""

@@ -47,7 +47,7 @@ def serve(tmp_path: Path, body: Callable[[Transport, str, web.Application], Awai
 def evict(app: web.Application) -> None:
     """Drop every volume file's pages from the page cache (they are synced: clean). The
     kernel skips pages still in another CPU's batch of new pages: asked again until no
-    page is left (every test that calls this has cachestat or mincore)."""
+    page is left (where the kernel cannot tell, once)."""
     for path in app[STORE].vdir.glob("*.vol"):
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -110,7 +110,6 @@ def test_a_fragment_not_in_the_page_cache_is_read_in_a_thread(tmp_path: Path) ->
 
 def test_where_the_kernel_cannot_tell_every_fragment_is_read_as_before(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    zerocopy.supported()                     # (asked before it is turned off, as a node does)
     monkeypatch.setattr(zerocopy, "_available", False)
     monkeypatch.setattr(zerocopy, "_cachestat", False)
     monkeypatch.setattr(zerocopy, "_mincore", False)
