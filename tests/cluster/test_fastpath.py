@@ -103,15 +103,20 @@ def request(method: str, target: str, body: bytes = b"", headers: dict[str, str]
             f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
 
+def once(node: Node, data: bytes) -> tuple[int, dict[str, str], bytes]:
+    """One request on a connection of its own: its answer."""
+    c = Conn(node.port)
+    try:
+        c.send(data)
+        return c.answer()
+    finally:
+        c.close()
+
+
 def metrics(node: Node) -> dict[str, float]:
     """The node's fast path and sendfile counters, from one scrape (on a connection of
     its own: that connection is handed to aiohttp, and counted)."""
-    c = Conn(node.port)
-    try:
-        c.send(request("GET", "/metrics"))
-        status, _, body = c.answer()
-    finally:
-        c.close()
+    status, _, body = once(node, request("GET", "/metrics"))
     assert status == 200
     return {m.group(1): float(m.group(2)) for m in re.finditer(
         r"^ecstore_storage_(fast_requests|fast_handovers|sendfile_gets)_total (\S+)$",
@@ -298,12 +303,7 @@ def test_a_put_cut_short_is_not_stored_and_the_node_serves_on(fast: Node) -> Non
 
 def test_a_slow_reader_and_a_fragment_not_in_the_page_cache(fast: Node) -> None:
     body = os.urandom(4 * 1024 * 1024 + 17)
-    c = Conn(fast.port)
-    try:
-        c.send(request("PUT", "/v1/fragments/f.slow", body))
-        assert c.answer()[0] == 201
-    finally:
-        c.close()
+    assert once(fast, request("PUT", "/v1/fragments/f.slow", body))[0] == 201
     sends = metrics(fast)["sendfile_gets"]
     slow = Conn(fast.port, rcvbuf=8192)      # sendfile takes what fits, the rest is written
     try:
@@ -342,12 +342,7 @@ def test_reading_pauses_while_requests_pile_up_behind_an_answer(fast: Node) -> N
     kernel's buffers - it does not take 48 MiB into memory - and once the answer is read,
     the requests that piled up are answered in order."""
     big = os.urandom(8 * 1024 * 1024)
-    c = Conn(fast.port)
-    try:
-        c.send(request("PUT", "/v1/fragments/f.pile", big))
-        assert c.answer()[0] == 201
-    finally:
-        c.close()
+    assert once(fast, request("PUT", "/v1/fragments/f.pile", big))[0] == 201
     one = os.urandom(1024 * 1024)
     put = request("PUT", "/v1/fragments/f.piled", one)
     stream = put * 48                        # 48 PUTs of 1 MiB, sent behind the GET
@@ -379,13 +374,8 @@ def test_reading_pauses_while_requests_pile_up_behind_an_answer(fast: Node) -> N
         assert statuses == [201] + [200] * (len(statuses) - 1)   # in order: new, replaced
     finally:
         slow.close()
-    c = Conn(fast.port)
-    try:
-        c.send(request("GET", "/v1/fragments/f.piled"))
-        status, _, got = c.answer()
-        assert status == 200 and got == one
-    finally:
-        c.close()
+    status, _, got = once(fast, request("GET", "/v1/fragments/f.piled"))
+    assert status == 200 and got == one
 
 
 def _cached(path: str) -> bool:
@@ -424,9 +414,4 @@ def sigterm_mid_put(data_dir: Path) -> None:
         idle.close()
         busy.close()
     with storage_node(64, {FAST_PATH_ENV: "1"}, data=data_dir) as node:
-        c = Conn(node.port)
-        try:
-            c.send(request("GET", "/v1/fragments/g.late"))
-            assert c.answer()[2] == body
-        finally:
-            c.close()
+        assert once(node, request("GET", "/v1/fragments/g.late"))[2] == body
