@@ -71,7 +71,6 @@ _libc_ = _libc()
 _fn = _libc_.syscall if _libc_ is not None else None
 _cachestat = _fn is not None          # until the kernel says it has none
 _mincore = _libc_ is not None and _mapping(_libc_)
-_available = _cachestat or _mincore
 _MAP_FAILED = ctypes.c_void_p(-1).value
 # mincore's answer per page: bit 0 is "resident", the others are reserved
 _NOT_RESIDENT = bytes(0 if b & 1 else 1 for b in range(256))
@@ -81,13 +80,13 @@ _ON, _OFF = ctypes.c_int(1), ctypes.c_int(0)
 def available() -> bool:
     """False once neither cachestat nor mincore answers here (then every answer is
     None)."""
-    return _available
+    return _cachestat or _mincore
 
 
 def supported() -> bool:
     """Whether `resident` answers here: asked once about this module's own file."""
     _ask()
-    return _available
+    return available()
 
 
 def cachestat_supported() -> bool:
@@ -97,7 +96,7 @@ def cachestat_supported() -> bool:
 
 
 def _ask() -> None:
-    if _available:
+    if available():
         fd = os.open(__file__, os.O_RDONLY)
         try:
             resident(fd, 0, 1)
@@ -107,14 +106,14 @@ def _ask() -> None:
 
 def disable() -> None:
     """Answer None from now on (tests: the path that cannot tell)."""
-    global _available, _cachestat, _mincore
-    _available = _cachestat = _mincore = False
+    global _cachestat, _mincore
+    _cachestat = _mincore = False
 
 
 def resident(fd: int, offset: int, length: int) -> bool | None:
     """True if every page of fd's bytes offset..offset+length is in the page cache,
     False if some are not, None if this kernel cannot say."""
-    global _available, _cachestat
+    global _cachestat
     first = offset // PAGE
     pages = (offset + length + PAGE - 1) // PAGE - first
     if _cachestat:
@@ -125,7 +124,6 @@ def resident(fd: int, offset: int, length: int) -> bool | None:
         if err not in (errno.ENOSYS, errno.EPERM, errno.EOPNOTSUPP):
             return False   # EBADF and the like: let the ordinary read say what is wrong
         _cachestat = False
-        _available = _mincore
     if _mincore:
         return _resident_mincore(fd, first, pages)
     return None

@@ -9,6 +9,7 @@ import socket
 from dataclasses import dataclass, field
 
 from store.auth import sign_headers
+from store.digest import digest
 
 TIMEOUT_S = 10.0
 
@@ -26,6 +27,18 @@ def signed(secret: str, method: str, target: bytes, body: bytes = b"") -> list[t
     """The cluster-secret signing headers for a request (target must be UTF-8)."""
     hdrs = sign_headers(secret, method, target.decode(), hashlib.sha256(body).hexdigest())
     return [(k, v.encode()) for k, v in hdrs.items()]
+
+
+def signed_request(secret: str, method: str, target: str, body: bytes = b"",
+                   headers: dict[str, str] | None = None, checksum: str | None = None,
+                   port: int = 0) -> bytes:
+    """A whole signed request, as the nodes' client sends one (store.fetch): the body's
+    checksum is its fragment digest unless `checksum` says otherwise."""
+    hdrs = sign_headers(secret, method, target, checksum or digest(body))
+    hdrs.update(headers or {})
+    fields = "".join(f"{k}: {v}\r\n" for k, v in hdrs.items())
+    return (f"{method} {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{fields}"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
 
 def head_bytes(method: str, target: bytes, port: int, headers: list[tuple[str, bytes]]) -> bytes:

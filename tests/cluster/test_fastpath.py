@@ -21,9 +21,10 @@ import pytest
 
 from node.fastpath import FAST_PATH_ENV
 from node.fragments import stored_fragments
-from store.auth import CHECKSUM_HEADER, sign_headers
+from store.auth import CHECKSUM_HEADER
 from store.digest import digest
 from store.wire import FRAGMENT_CRC_HEADER, FRAGMENT_META_HEADER, pack_header
+from tests.cluster.rawhttp import exchange, signed_request
 from tests.cluster.storagenode import SECRET, Node, storage_node
 
 TIMEOUT_S = 10.0
@@ -94,23 +95,16 @@ class Conn:
 
 
 def request(method: str, target: str, body: bytes = b"", headers: dict[str, str] | None = None,
-            checksum: str | None = None, port: int = 0) -> bytes:
+            checksum: str | None = None) -> bytes:
     """A signed request as the nodes' client sends one (store.fetch)."""
-    hdrs = sign_headers(SECRET, method, target, checksum or digest(body))
-    hdrs.update(headers or {})
-    fields = "".join(f"{k}: {v}\r\n" for k, v in hdrs.items())
-    return (f"{method} {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{fields}"
-            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    return signed_request(SECRET, method, target, body, headers, checksum)
 
 
 def once(node: Node, data: bytes) -> tuple[int, dict[str, str], bytes]:
-    """One request on a connection of its own: its answer."""
-    c = Conn(node.port)
-    try:
-        c.send(data)
-        return c.answer()
-    finally:
-        c.close()
+    """One request on a connection of its own: its answer (rawhttp.exchange)."""
+    a = exchange(node.port, data.split(b" ", 1)[0].decode(), data)
+    assert a.status is not None, "the node closed without answering"
+    return a.status, a.headers, a.body
 
 
 def metrics(node: Node) -> dict[str, float]:

@@ -13,17 +13,13 @@ from aiohttp import web
 from node import fastpath
 from node.server import ConnectionCap
 from node.storage import FAST, StorageConfig, make_app
-from store.auth import sign_headers
-from store.digest import digest
+from tests.cluster.rawhttp import signed_request
 
 SECRET = "s" * 32
 
 
 def request(method: str, target: str, body: bytes = b"") -> bytes:
-    hdrs = sign_headers(SECRET, method, target, digest(body))
-    fields = "".join(f"{k}: {v}\r\n" for k, v in hdrs.items())
-    return (f"{method} {target} HTTP/1.1\r\nHost: h\r\n{fields}"
-            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    return signed_request(SECRET, method, target, body)
 
 
 async def answer(reader: asyncio.StreamReader) -> int:

@@ -110,7 +110,6 @@ def test_a_fragment_not_in_the_page_cache_is_read_in_a_thread(tmp_path: Path) ->
 
 def test_where_the_kernel_cannot_tell_every_fragment_is_read_as_before(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(zerocopy, "_available", False)
     monkeypatch.setattr(zerocopy, "_cachestat", False)
     monkeypatch.setattr(zerocopy, "_mincore", False)
     bodies = {f"g{i}.0.0": os.urandom(n) for i, n in enumerate(SIZES)}
