@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -14,7 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from yarl import URL
 
+from node.fastpath import FastConn, FastPath, Request, Routes
+from node.fastpath import enabled_from_env as fast_path_enabled
 from node.logs import log_event, request_log
 from node.metadb import MAP_KEY, GroupCommit, MetaDB, View, access_key, bucket_key, newest, object_key
 from node.metrics import REQUEST_ID, Families, ObservabilityConfig, counter, gauge, observability_config
@@ -28,6 +32,8 @@ from node.server import (
     verified_body,
 )
 from placement.cluster_map import ClusterMap
+from store.auth import CHECKSUM_HEADER
+from store.digest import matches as digest_matches
 from store.errors import BadRequest, Conflict, EcstoreError, NotFound
 from store.listing import MAX_ROLLED_DELIMITER_BYTES
 from store.names import OPS_BUCKET, WORKER_OPS, check_bucket_name, check_key
@@ -54,10 +60,14 @@ class ControlConfig:
 DB = web.AppKey("db", MetaDB)
 COMMIT = web.AppKey("commit", GroupCommit)   # every write goes through it
 CONFIG = web.AppKey("config", ControlConfig)
+FAST = web.AppKey("fast_path", FastPath)   # in front of aiohttp when the node runs (main)
+
+
+MSGPACK = "application/msgpack"
 
 
 def msgpack_response(value: Any, status: int = 200) -> web.Response:
-    return web.Response(body=pack(value), status=status, content_type="application/msgpack")
+    return web.Response(body=pack(value), status=status, content_type=MSGPACK)
 
 
 def put_answer(applied: bool, current: dict[str, Any]) -> dict[str, Any]:
@@ -76,8 +86,11 @@ def checked_record(raw: bytes) -> dict[str, Any]:
 
 
 def _names(request: web.Request) -> tuple[str, str]:
-    return (check_bucket_name(request.match_info["bucket"], system_ok=True),
-            check_key(request.match_info["key"]))
+    return checked_names(request.match_info["bucket"], request.match_info["key"])
+
+
+def checked_names(bucket: str, key: str) -> tuple[str, str]:
+    return check_bucket_name(bucket, system_ok=True), check_key(key)
 
 
 async def put_object(request: web.Request) -> web.Response:
@@ -96,6 +109,13 @@ async def put_objects(request: web.Request) -> web.Response:
     body] per item, in order (200 and {applied, ts, version_id}, or the error's status
     and body): a bad item fails alone. One log line names every item's request id."""
     items = await batch_items(request, 4)
+    out, at, mutations = prepare_puts(items)
+    return msgpack_response(finish_puts(out, at, await request.app[COMMIT].apply_many(mutations)))
+
+
+def prepare_puts(items: list[Any]) -> tuple[list[list[Any]], list[int], list[Any]]:
+    """A put batch's items checked: (the reply so far - bad items' errors -, the index
+    of each good item, its mutation)."""
     out: list[list[Any]] = [[0, None]] * len(items)
     mutations, at = [], []
     for i, item in enumerate(items):
@@ -109,7 +129,12 @@ async def put_objects(request: web.Request) -> web.Response:
             at.append(i)
         except EcstoreError as exc:
             out[i] = [exc.status, exc.to_body()]
-    for i, result in zip(at, await request.app[COMMIT].apply_many(mutations)):
+    return out, at, mutations
+
+
+def finish_puts(out: list[list[Any]], at: list[int], results: list[Any]) -> list[list[Any]]:
+    """The batch's reply once its mutations are committed (`results`, in order)."""
+    for i, result in zip(at, results):
         if isinstance(result, EcstoreError):
             out[i] = [result.status, result.to_body()]
         elif isinstance(result, BaseException):
@@ -117,21 +142,25 @@ async def put_objects(request: web.Request) -> web.Response:
         else:
             applied, current = result
             out[i] = [200, put_answer(applied, current)]
-    return msgpack_response(out)
+    return out
 
 
 async def batch_items(request: web.Request, width: int) -> list[Any]:
     """A batch's items (each should be a list of `width`, its last a request id), and
     the batch's log line naming every item's request id: grep finds an operation's
     record requests whether they went alone or in a batch."""
-    items = unpack(await verified_body(request), MAX_BODY_BYTES)
+    return batch_items_of(await verified_body(request), width, request.get(REQUEST_ID, "-"))
+
+
+def batch_items_of(body: bytes | bytearray, width: int, rid: str) -> list[Any]:
+    """batch_items of a body already checked against its signed checksum."""
+    items = unpack(body, MAX_BODY_BYTES)
     if not isinstance(items, list) or not 0 < len(items) <= MAX_BATCH_ITEMS:
         raise BadRequest(f"body must be a list of 1 to {MAX_BATCH_ITEMS} items")
     ids = [item[-1] for item in items if isinstance(item, list) and len(item) == width
            and isinstance(item[-1], str) and REQUEST_ID_RE.fullmatch(item[-1])]
     log_event(request_log, logging.INFO, "batch",
-              {"request_id": request.get(REQUEST_ID, "-"), "items": len(items),
-               "request_ids": ",".join(ids) or "-"})
+              {"request_id": rid, "items": len(items), "request_ids": ",".join(ids) or "-"})
     return items
 
 
@@ -140,8 +169,11 @@ async def get_objects(request: web.Request) -> web.Response:
     queued up for this node). Body: a list of [bucket, key, request id]. Reply: [status,
     body] per item, in order: 200 and the packed record, 404 and an error body when
     there is none, 400 for a bad name."""
-    items = await batch_items(request, 3)
-    db = request.app[DB]
+    return msgpack_response(read_records(request.app[DB], await batch_items(request, 3)))
+
+
+def read_records(db: MetaDB, items: list[Any]) -> list[list[Any]]:
+    """A read batch's reply."""
     out: list[list[Any]] = []
     for item in items:
         try:
@@ -156,15 +188,21 @@ async def get_objects(request: web.Request) -> web.Response:
             out.append([200, raw])      # the record as stored, packed
         except EcstoreError as exc:
             out.append([exc.status, exc.to_body()])
-    return msgpack_response(out)
+    return out
 
 
 async def get_object(request: web.Request) -> web.Response:
-    bucket, key = _names(request)
-    record = request.app[DB].get(object_key(bucket, key))
-    if record is None:
+    return web.Response(body=stored_record(request.app[DB], *_names(request)),
+                        content_type=MSGPACK)
+
+
+def stored_record(db: MetaDB, bucket: str, key: str) -> bytes:
+    """An object's record as stored (packed: sent as it is, not unpacked and packed
+    again); NotFound if there is none."""
+    raw = db.db.get(object_key(bucket, key))
+    if raw is None:
         raise NotFound(f"no record for {bucket}/{key}")
-    return msgpack_response(record)
+    return raw
 
 
 async def purge_object(request: web.Request) -> web.Response:
@@ -382,6 +420,83 @@ class MapEpoch:
         return self._epoch
 
 
+# the record route as aiohttp matches it: on the path as yarl gives it with every escape
+# but %2F and %25 undone ("path_safe"), a bucket of no "/", then the key
+_OBJECT_PATH = re.compile(r"/v1/objects/(?P<bucket>[^{}/]+)/(?P<key>.+)")
+# targets the fast path routes: no query, and only characters every HTTP parser takes as
+# they are (unreserved, "/", whole %XX escapes); store.transport.quote_key writes these
+_PLAIN_TARGET = re.compile(r"(?:[A-Za-z0-9._~/-]|%[0-9A-Fa-f]{2})+")
+
+
+def _unquote_safe(value: str) -> str:
+    """What aiohttp's router does to a matched value after path_safe."""
+    return value.replace("%2F", "/").replace("%25", "%") if "%" in value else value
+
+
+class RecordRoutes(Routes):
+    """A control node's fast requests (node.fastpath): the object record reads and
+    writes that are nearly all of its traffic - GET and PUT /v1/objects/{bucket}/{key},
+    POST /v1/objects and /v1/objects/read - answered as their aiohttp routes above
+    answer them (the same checks in the same order, statuses, bodies, batch and request
+    log lines). Names are unescaped as aiohttp's router unescapes them (yarl's
+    path_safe, then %2F and %25); a target with a query or a character an HTTP parser
+    might refuse goes to aiohttp."""
+
+    def __init__(self) -> None:
+        self.db: MetaDB | None = None
+        self.commit: GroupCommit | None = None
+
+    def bind(self, app: web.Application) -> None:
+        self.db, self.commit = app[DB], app[COMMIT]
+
+    def route(self, method: str, target: str, headers: dict[str, str],
+              length: int) -> tuple[str, Any] | None:
+        if target == "/v1/objects" or target == "/v1/objects/read":
+            if method != "POST" or not length:
+                return None
+            return ("put_objects" if target == "/v1/objects" else "get_objects"), None
+        if (method not in ("GET", "PUT") or not target.startswith("/v1/objects/")
+                or not _PLAIN_TARGET.fullmatch(target)):
+            return None
+        m = _OBJECT_PATH.fullmatch(URL.build(path=target, encoded=True).path_safe)
+        if m is None:
+            return None
+        if method == "PUT" and not length:
+            return None
+        names = _unquote_safe(m["bucket"]), _unquote_safe(m["key"])
+        return ("get_object" if method == "GET" else "put_object"), names
+
+    def answer(self, conn: FastConn, req: Request, body: bytearray | None) -> None:
+        db, commit = self.db, self.commit
+        assert db is not None and commit is not None
+        op = req.op
+        if op == "get_object":
+            conn.reply(req, 200, stored_record(db, *checked_names(*req.arg)), MSGPACK)
+            return
+        if op == "put_object":
+            bucket, key = checked_names(*req.arg)
+        raw = bytes(self._verified(req, body))
+        if op == "get_objects":
+            conn.reply(req, 200, pack(read_records(db, batch_items_of(raw, 3, req.rid))),
+                       MSGPACK)
+        elif op == "put_object":
+            fut = commit.submit(newest(object_key(bucket, key), checked_record(raw), raw))
+            conn.wait(fut, req, lambda r, f: conn.reply(r, 200, pack(put_answer(*f.result())),
+                                                        MSGPACK))
+        else:
+            out, at, mutations = prepare_puts(batch_items_of(raw, 4, req.rid))
+            conn.wait(commit.submit_many(mutations), req,
+                      lambda r, f: conn.reply(r, 200, pack(finish_puts(out, at, f.result())),
+                                              MSGPACK))
+
+    @staticmethod
+    def _verified(req: Request, body: bytearray | None) -> bytearray:
+        """node.server.verified_body's check."""
+        if body is None or not digest_matches(body, req.headers.get(CHECKSUM_HEADER)):
+            raise BadRequest("body does not match its signed checksum")
+        return body
+
+
 OP_GAUGES = (("done", "ecstore_op_done", "Items (objects; gc: fragments and tombstones) "
               "the last run of a CLI worker had done when it last reported."),
              ("remaining", "ecstore_op_remaining", "Items that run still had to do."),
@@ -401,6 +516,11 @@ def control_metrics(app: web.Application, epoch: MapEpoch) -> Families:
                 epoch.of(db.get_map()))
     yield gauge("ecstore_control_db_bytes", "Bytes of this node's metadata database files.",
                 _dir_bytes(app[CONFIG].data_dir))
+    fast = app[FAST]
+    yield counter("ecstore_control_fast_requests", "Object record reads and writes answered "
+                  "by the fast path (node.fastpath), without aiohttp.", fast.requests)
+    yield counter("ecstore_control_fast_handovers", "Connections the fast path handed to "
+                  "aiohttp (their first request not one it answers).", fast.handovers)
     commit = app.get(COMMIT)
     if commit is not None:
         yield counter("ecstore_control_db_writes", "Metadata writes (record, bucket, map, "
@@ -423,6 +543,7 @@ def make_app(config: ControlConfig) -> web.Application:
     app = make_base_app(config.secret, MAX_BODY_BYTES, config.node_id, "control",
                         config.observability)
     app[CONFIG] = config
+    app[FAST] = FastPath(app, RecordRoutes())
     epoch = MapEpoch()
     app[OBSERVER].add_collector(lambda: control_metrics(app, epoch))
 
@@ -461,7 +582,8 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     cfg = ControlConfig(a.id, a.data, secret_from_env(), a.host, a.port, not a.no_fsync,
                         observability_config(a))
-    run(make_app(cfg), cfg.host, cfg.port)
+    app = make_app(cfg)
+    run(app, cfg.host, cfg.port, front=app[FAST] if fast_path_enabled() else None)
 
 
 if __name__ == "__main__":

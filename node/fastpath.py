@@ -1,28 +1,35 @@
-"""The storage node's fast path: fragment GETs and PUTs answered straight from the
-connection's protocol, without aiohttp's request, middleware and response objects.
+"""The nodes' fast path: the requests that make up nearly all of a storage or control
+node's traffic answered straight from the connection's protocol, without aiohttp's
+request, middleware and response objects.
 
 Through aiohttp, its request, middleware and response objects were most of a small
-fragment request's CPU. Measured alone (one node, 256 KiB fragments, 8 in flight, A/B
-back to back): a PUT costs 425-525 us of node CPU here against 700-800 through aiohttp,
+request's CPU. Measured alone (one node, 256 KiB fragments, 8 in flight, A/B back to
+back): a fragment PUT costs 425-525 us of node CPU here against 700-800 through aiohttp,
 a cached GET 75-92 against 83-100; in a cluster, the storage nodes' CPU per S3 1 MiB
-put fell by 28%, per get by 25% (README, bench.bound). Every connection starts here (`FastConn`, in front of aiohttp's
-protocol): it reads request heads itself and answers, byte for byte as the aiohttp routes
-would (node.storage: the same headers, statuses, error bodies, counters and request log
-line), the requests that make up nearly all of a node's traffic:
+put fell by 28%, per get by 25%, the control nodes' by 18% and 35% (README,
+bench.bound). Every connection starts here (`FastConn`, in front of aiohttp's protocol):
+it reads request heads itself and answers, byte for byte as the aiohttp routes would
+(the same headers, statuses, error bodies, counters and request log line), the requests
+its role's `Routes` take:
 
-- `GET /v1/fragments/{fid}`: by sendfile when the record is cached and >= 64 KiB, from
-  the page cache in the loop, else read in a thread; a missing fragment is a 404;
-- `PUT /v1/fragments/{fid}` with a Content-Length: the body received straight into one
-  buffer (no copy out of the socket's chunks), then the node's batch writer.
+- a storage node's (`FragmentRoutes`): `GET /v1/fragments/{fid}`, by sendfile when the
+  record is cached and >= 64 KiB, from the page cache in the loop, else read in a
+  thread; `PUT /v1/fragments/{fid}`, then the node's batch writer;
+- a control node's (node.control.RecordRoutes): object record GETs and PUTs and the
+  record batches, `POST /v1/objects` and `/v1/objects/read`.
 
-Anything else - another route or method, a request not signed correctly, a head this
-parser would have to judge (no Content-Length on a PUT, Transfer-Encoding, Expect, a
-Connection header other than keep-alive, HTTP/1.0, a duplicate header, a line past
-aiohttp's limits, a bad metadata header, bytes that are not ASCII) - is handed to
-aiohttp with every byte not yet answered, and the connection stays with aiohttp from
-then on: it gives every error, limit and odd case the answer it gave before. So the fast
-path only ever answers requests whose answer it can give exactly; `ECSTORE_FAST_PATH=0`
-turns it off (every connection aiohttp's from its first byte).
+A request body (with a Content-Length) is received straight into one buffer, no copy
+out of the socket's chunks. Anything else - another route or method, a request not
+signed correctly, a head this parser would have to judge (no Content-Length on a body,
+Transfer-Encoding, Expect, a Connection header other than keep-alive, HTTP/1.0, a
+duplicate header, a line past aiohttp's limits, a bad metadata header, bytes that are
+not ASCII) - is handed to aiohttp with every byte not yet answered, and the connection
+stays with aiohttp from then on: it gives every error, limit and odd case the answer it
+gave before. So the fast path only ever answers requests whose answer it can give
+exactly; `ECSTORE_FAST_PATH=0` turns it off (every connection aiohttp's from its first
+byte). The client library keeps the requests a fast path takes on connections of their
+own (store.fetch.data_lane), so a map fetch or a listing does not take a pooled
+connection to aiohttp for good.
 """
 from __future__ import annotations
 
@@ -85,36 +92,57 @@ def enabled_from_env() -> bool:
 
 
 class Request:
-    """One request head the fast path will answer."""
-    __slots__ = ("method", "target", "fid", "headers", "length", "meta", "rid", "started", "op")
+    """One request head the fast path will answer: `op` names it in the metrics and the
+    log line (the aiohttp route's name), `arg` is what the role's routes made of it."""
+    __slots__ = ("method", "target", "headers", "length", "op", "arg", "rid", "started")
 
-    def __init__(self, method: str, target: str, fid: str, headers: dict[str, str],
-                 length: int, meta: dict[str, Any]) -> None:
-        self.method, self.target, self.fid, self.headers = method, target, fid, headers
-        self.length, self.meta = length, meta     # meta: a PUT's fragment meta header
-        self.op = "get_fragment" if method == "GET" else "put_fragment"
+    def __init__(self, method: str, target: str, headers: dict[str, str], length: int,
+                 op: str, arg: Any) -> None:
+        self.method, self.target, self.headers, self.length = method, target, headers, length
+        self.op, self.arg = op, arg
         self.started = time.perf_counter()
         rid = headers.get(REQUEST_ID_HEADER)
         self.rid = rid if rid is not None and REQUEST_ID_RE.fullmatch(rid) else new_request_id()
 
 
-def parse_head(head: bytes, max_body: int) -> Request | None:
+# what a role's routes make of a request line and its headers: (op, arg), or None when
+# aiohttp should answer it
+Route = Callable[[str, str, dict[str, str], int], "tuple[str, Any] | None"]
+
+
+def route_fragment(method: str, target: str, headers: dict[str, str],
+                   length: int) -> tuple[str, Any] | None:
+    """A storage node's: GET /v1/fragments/{fid} (arg: (fid, {})) and PUT with its meta
+    header (arg: (fid, meta))."""
+    if method not in ("GET", "PUT") or not target.startswith(PREFIX):
+        return None
+    fid = target[len(PREFIX):]
+    if not FRAGMENT_ID_RE.match(fid) or ".." in fid:
+        return None    # a query, a sub-path, an id aiohttp's route would refuse
+    if method == "GET":
+        return "get_fragment", (fid, {})
+    if "content-length" not in headers:
+        return None
+    try:
+        meta = unpack_header(headers.get(META_HEADER))
+    except EcstoreError:
+        return None
+    return "put_fragment", (fid, meta)
+
+
+def parse_head(head: bytes, max_body: int, route: Route = route_fragment) -> Request | None:
     """The request in `head` (without its blank line) if it is one the fast path
-    answers exactly as aiohttp's routes would; None for anything to hand to aiohttp."""
+    answers exactly as aiohttp's routes would (`route` says which of a role's requests
+    those are); None for anything to hand to aiohttp."""
     if not head.isascii():
         return None
     lines = head.decode("ascii").split("\r\n")
     if len(lines[0]) > MAX_REQUEST_LINE_BYTES or len(lines) - 1 > MAX_HEADERS:
         return None
     parts = lines[0].split(" ")
-    if len(parts) != 3 or parts[2] != "HTTP/1.1" or parts[0] not in ("GET", "PUT"):
+    if len(parts) != 3 or parts[2] != "HTTP/1.1":
         return None
     method, target = parts[0], parts[1]
-    if not target.startswith(PREFIX):
-        return None
-    fid = target[len(PREFIX):]
-    if not FRAGMENT_ID_RE.match(fid) or ".." in fid:
-        return None    # a query, a sub-path, an id aiohttp's route would refuse
     headers: dict[str, str] = {}
     for line in lines[1:]:
         name, sep, value = line.partition(":")
@@ -134,8 +162,6 @@ def parse_head(head: bytes, max_body: int) -> Request | None:
         return None
     text = headers.get("content-length")
     if text is None:
-        if method == "PUT":
-            return None
         length = 0
     elif not text.isdigit() or len(text) > 12:
         return None
@@ -145,13 +171,10 @@ def parse_head(head: bytes, max_body: int) -> Request | None:
         return None
     if malformed_signature_fields(headers, target) is not None:
         return None
-    meta: dict[str, Any] = {}
-    if method == "PUT":
-        try:
-            meta = unpack_header(headers.get(META_HEADER))
-        except EcstoreError:
-            return None
-    return Request(method, target, fid, headers, length, meta)
+    routed = route(method, target, headers, length)
+    if routed is None:
+        return None
+    return Request(method, target, headers, length, *routed)
 
 
 _date: list[Any] = [0, ""]
@@ -176,19 +199,31 @@ def response_head(status: int, length: int, content_type: str | None,
             f"Date: {http_date()}\r\nServer: {SERVER_SOFTWARE}\r\n\r\n").encode("latin-1")
 
 
-class FastPath:
-    """The fast path of one storage node process (its app): the connections it holds and
-    what it counted. Its `wrap` goes to node.server.run as the front."""
+class Routes:
+    """What a role answers on the fast path: `route` picks its requests out of the heads
+    parse_head reads (anything else goes to aiohttp), `answer` answers one - through the
+    connection's reply, wait, error and done, exactly as the role's aiohttp route
+    would - once its body (if any: `body`, of its Content-Length) is in."""
 
-    def __init__(self, app: web.Application, parts: Callable[[], tuple[Any, Any, Any]],
-                 fragment_headers: Callable[[str, dict[str, Any]], dict[str, str]],
-                 sendfile_min: int) -> None:
-        """`parts()` gives the node's (FragmentStore, PutQueue, SendStats) once the app
-        has started; the rest as node.storage's routes use them."""
-        self.app, self.parts = app, parts
-        self.fragment_headers, self.sendfile_min = fragment_headers, sendfile_min
+    def route(self, method: str, target: str, headers: dict[str, str],
+              length: int) -> tuple[str, Any] | None:
+        raise NotImplementedError
+
+    def bind(self, app: web.Application) -> None:
+        """Called once the app has started (the role's stores are open)."""
+
+    def answer(self, conn: FastConn, req: Request, body: bytearray | None) -> None:
+        raise NotImplementedError
+
+
+class FastPath:
+    """The fast path of one node process (its app): the connections it holds and what it
+    counted. Its `wrap` goes to node.server.run as the front."""
+
+    def __init__(self, app: web.Application, routes: Routes) -> None:
+        self.app, self.routes = app, routes
         self.conns: set[FastConn] = set()
-        # what a read takes when it is not a PUT body, shared by every connection (one
+        # what a read takes when it is not a request body, shared by every connection (one
         # event loop): buffer_updated copies what it got out of it before returning
         self.scratch = bytearray(SCRATCH_BYTES)
         self.requests = 0        # answered here
@@ -196,17 +231,14 @@ class FastPath:
         self.closing = False
         self._bound = False
         self._sweeper: asyncio.Task[None] | None = None
-        # set by bind(), once the app has started (the store opens at startup)
-        self.store: Any = None
-        self.puts: Any = None
-        self.sends: Any = None
+        # set by bind(), once the app has started
         self.secret = ""
         self.observer: Observer | None = None
         self.max_body = 0
 
     def bind(self) -> None:
         app = self.app
-        self.store, self.puts, self.sends = self.parts()
+        self.routes.bind(app)
         self.secret, self.observer, self.max_body = app[SECRET_KEY], app[OBSERVER], app[MAX_BODY]
         self._bound = True
 
@@ -246,7 +278,7 @@ class FastPath:
 
 
 class FastConn(asyncio.BufferedProtocol):
-    """One connection: fragment GETs and PUTs answered here until the first request
+    """One connection: the role's fast requests answered here until the first request
     that is not one of them; from then on, aiohttp's protocol (`inner`) has it."""
 
     def __init__(self, fp: FastPath, factory: ProtocolFactory) -> None:
@@ -259,7 +291,7 @@ class FastConn(asyncio.BufferedProtocol):
         self.req: Request | None = None   # the request being read or answered
         self.body: bytearray | None = None
         self.body_view: memoryview | None = None
-        self.got = 0                      # of the PUT body
+        self.got = 0                      # of the request body
         self.into_body = False            # the last get_buffer handed out the body
         self.busy = False                 # an answer is on its way (thread, batch)
         self.write_paused = False
@@ -334,7 +366,7 @@ class FastConn(asyncio.BufferedProtocol):
         if self.inner is not None:
             self.inner.connection_lost(exc)
         elif req is not None and self.body is not None and self.got < req.length:
-            # a PUT cut short: counted as aiohttp's route counts it (its 400 went nowhere)
+            # a body cut short: counted as aiohttp's route counts it (its 400 went nowhere)
             self._account(req, 400, self.got, 0)
         self.body = self.body_view = None
 
@@ -365,17 +397,17 @@ class FastConn(asyncio.BufferedProtocol):
                 elif self.eof:
                     self.close()
                 return
-            req = parse_head(bytes(self.buf[:end]), self.fp.max_body)
+            req = parse_head(bytes(self.buf[:end]), self.fp.max_body, self.fp.routes.route)
             if req is None or verify(self.fp.secret, req.method, req.target, req.headers,
                                      time.time()) is not None:
                 self._hand_over()
                 return
             del self.buf[:end + 4]
             self.req = req
-            if req.method == "GET":
-                self._get(req)
+            if req.length:
+                self._start_body(req)
             else:
-                self._start_put(req)
+                self._answer(req, None)
         if self.read_paused and len(self.buf) <= MAX_BUFFERED_BYTES and not self.closed:
             self.read_paused = False
             self.transport.resume_reading()
@@ -399,65 +431,10 @@ class FastConn(asyncio.BufferedProtocol):
             if not inner.eof_received():
                 self.close()
 
-    # ---- GET -------------------------------------------------------------------------
-    def _get(self, req: Request) -> None:
-        store = self.fp.store
-        try:
-            cached = store.cached_body(req.fid, self.fp.sendfile_min)
-            frag = None if cached is not None else store.read_cached(req.fid)
-        except Exception as exc:   # noqa: BLE001 - NotFound and the like: its answer
-            self._error(req, exc)
-            return
-        if cached is not None:
-            self._send_cached(req, cached)
-            return
-        if frag is not None:
-            self._send_fragment(req, frag)
-            return
-        self._wait(asyncio.get_running_loop().run_in_executor(None, store.read, req.fid, False),
-                   req, self._read_done)
-
-    def _read_done(self, req: Request, fut: asyncio.Future[Fragment]) -> None:
-        self._send_fragment(req, fut.result())
-
-    def _send_fragment(self, req: Request, frag: Fragment) -> None:
-        body = frag.body
-        head = response_head(200, len(body), "application/octet-stream",
-                             self.fp.fragment_headers(frag.checksum, frag.meta))
-        if len(body) <= SMALL_BODY_BYTES:
-            self.transport.write(head + body)
-        else:
-            self.transport.write(head)
-            self.transport.write(body)
-        self._done(req, 200, 0, len(head) + len(body))
-
-    def _send_cached(self, req: Request, cached: Any) -> None:
-        """node.storage._send_cached without aiohttp: the head, then the body by
-        sendfile while the socket takes it (corked), the rest read and written."""
-        head = response_head(200, cached.length, "application/octet-stream",
-                             self.fp.fragment_headers(cached.checksum, cached.meta))
-        transport, fd, sent = self.transport, self.fd, 0
-        if fd >= 0:
-            zerocopy.cork(fd, True)
-        try:
-            transport.write(head)
-            sent, rest = send_cached_body(transport, fd, cached, self.fp.sends)
-            if rest:
-                transport.write(rest)
-        except Exception as exc:   # noqa: BLE001 - the head is out: no other answer fits
-            log.error("fragment %s: read failed while sending it", req.fid, exc_info=exc)
-            sent = -2
-        finally:
-            if fd >= 0:
-                zerocopy.cork(fd, False)
-        if sent < 0:       # the client went away (-1), or the body could not be read
-            self._done(req, 200 if sent == -1 else 500, 0, len(head))
-            transport.abort()
-            return
-        self._done(req, 200, 0, len(head) + cached.length)
-
-    # ---- PUT -------------------------------------------------------------------------
-    def _start_put(self, req: Request) -> None:
+    # ---- bodies ----------------------------------------------------------------------
+    def _start_body(self, req: Request) -> None:
+        """Receive the body straight into one buffer of its length (no copy out of the
+        socket's chunks)."""
         n = req.length
         body = self.body = unfilled(n)   # every byte written below before it is used
         view = self.body_view = memoryview(body)
@@ -473,23 +450,29 @@ class FastConn(asyncio.BufferedProtocol):
         assert req is not None and body is not None
         self.body = self.body_view = None
         self.into_body = False
+        self._answer(req, body)
+
+    def _answer(self, req: Request, body: bytearray | None) -> None:
         try:
-            fut = self.fp.puts.submit(req.fid, body, req.headers.get(CHECKSUM_HEADER, ""),
-                                      req.meta)
-        except Exception as exc:   # noqa: BLE001 - Unavailable: shutting down
-            self._error(req, exc)
-            return
-        self._wait(fut, req, self._put_done)
+            self.fp.routes.answer(self, req, body)
+        except Exception as exc:   # noqa: BLE001 - NotFound, BadRequest and the like
+            self.error(req, exc)
 
-    def _put_done(self, req: Request, fut: asyncio.Future[bool]) -> None:
-        status = 200 if fut.result() else 201
-        head = response_head(status, 0, None)
-        self.transport.write(head)
-        self._done(req, status, req.length, len(head))
+    # ---- answers (for the routes) ----------------------------------------------------
+    def reply(self, req: Request, status: int, body: bytes | bytearray | memoryview,
+              content_type: str | None,
+              headers: dict[str, str] | None = None) -> None:
+        """A whole answer, as web.Response(body=..., content_type=...) would be."""
+        head = response_head(status, len(body), content_type, headers)
+        if len(body) <= SMALL_BODY_BYTES:
+            self.transport.write(head + body)
+        else:
+            self.transport.write(head)
+            self.transport.write(body)
+        self.done(req, status, req.length, len(head) + len(body))
 
-    # ---- answers ---------------------------------------------------------------------
-    def _wait(self, fut: asyncio.Future[Any], req: Request,
-              then: Callable[[Request, Any], None]) -> None:
+    def wait(self, fut: asyncio.Future[Any], req: Request,
+             then: Callable[[Request, Any], None]) -> None:
         """Answer `req` with then(req, fut) once `fut` is done (its error: the error's
         answer); nothing more is read from the buffer meanwhile."""
         self.busy = True
@@ -501,17 +484,17 @@ class FastConn(asyncio.BufferedProtocol):
             self.busy = False
             if obs is not None:
                 obs.in_flight -= 1
-            if self.closed:     # nobody to answer; a PUT was written all the same
-                self._account(req, _status_of(f), req.length if req.method == "PUT" else 0, 0)
+            if self.closed:     # nobody to answer; a write was made all the same
+                self._account(req, _status_of(f), req.length, 0)
                 return
             try:
                 then(req, f)
             except Exception as exc:   # noqa: BLE001 - the error's answer
-                self._error(req, exc)
+                self.error(req, exc)
             self._next()    # what else came (after an end from the client: then closed)
         fut.add_done_callback(settled)
 
-    def _error(self, req: Request, exc: BaseException) -> None:
+    def error(self, req: Request, exc: BaseException) -> None:
         """The answer node.server.error_middleware gives `exc`."""
         if isinstance(exc, EcstoreError):
             err = exc
@@ -521,10 +504,10 @@ class FastConn(asyncio.BufferedProtocol):
         body = json.dumps(err.to_body()).encode()
         head = response_head(err.status, len(body), "application/json; charset=utf-8")
         self.transport.write(head + body)
-        self._done(req, err.status, req.length if req.method == "PUT" else 0,
-                   len(head) + len(body))
+        self.done(req, err.status, req.length, len(head) + len(body))
 
-    def _done(self, req: Request, status: int, n_in: int, n_out: int) -> None:
+    def done(self, req: Request, status: int, n_in: int, n_out: int) -> None:
+        """`req` is answered: counted and logged."""
         self.req = None
         self._account(req, status, n_in, n_out)
 
@@ -534,6 +517,86 @@ class FastConn(asyncio.BufferedProtocol):
         if obs is not None:
             obs.record(req.op, req.method, status, time.perf_counter() - req.started,
                        n_in, n_out, req.rid)
+
+
+class FragmentRoutes(Routes):
+    """A storage node's fast requests: fragment GETs (by sendfile when the record is
+    cached and large, from the page cache in the loop, else read in a thread) and PUTs
+    (the node's batch writer), answered as node.storage's routes answer them."""
+
+    def __init__(self, parts: Callable[[], tuple[Any, Any, Any]],
+                 fragment_headers: Callable[[str, dict[str, Any]], dict[str, str]],
+                 sendfile_min: int) -> None:
+        """`parts()` gives the node's (FragmentStore, PutQueue, SendStats) once the app
+        has started; the rest as node.storage's routes use them."""
+        self.parts, self.fragment_headers, self.sendfile_min = parts, fragment_headers, sendfile_min
+        self.store: Any = None
+        self.puts: Any = None
+        self.sends: Any = None
+
+    def route(self, method: str, target: str, headers: dict[str, str],
+              length: int) -> tuple[str, Any] | None:
+        return route_fragment(method, target, headers, length)
+
+    def bind(self, app: web.Application) -> None:
+        self.store, self.puts, self.sends = self.parts()
+
+    def answer(self, conn: FastConn, req: Request, body: bytearray | None) -> None:
+        if req.method == "GET":
+            self._get(conn, req)
+            return
+        fid, meta = req.arg
+        fut = self.puts.submit(fid, body if body is not None else bytearray(),
+                               req.headers.get(CHECKSUM_HEADER, ""), meta)
+        conn.wait(fut, req, lambda r, f: self._put_done(conn, r, f))
+
+    def _get(self, conn: FastConn, req: Request) -> None:
+        store, fid = self.store, req.arg[0]
+        cached = store.cached_body(fid, self.sendfile_min)
+        if cached is not None:
+            self._send_cached(conn, req, cached)
+            return
+        frag = store.read_cached(fid)
+        if frag is not None:
+            self._send_fragment(conn, req, frag)
+            return
+        conn.wait(asyncio.get_running_loop().run_in_executor(None, store.read, fid, False),
+                  req, lambda r, f: self._send_fragment(conn, r, f.result()))
+
+    def _send_fragment(self, conn: FastConn, req: Request, frag: Fragment) -> None:
+        conn.reply(req, 200, frag.body, "application/octet-stream",
+                   self.fragment_headers(frag.checksum, frag.meta))
+
+    def _send_cached(self, conn: FastConn, req: Request, cached: Any) -> None:
+        """node.storage._send_cached without aiohttp: the head, then the body by
+        sendfile while the socket takes it (corked), the rest read and written."""
+        head = response_head(200, cached.length, "application/octet-stream",
+                             self.fragment_headers(cached.checksum, cached.meta))
+        transport, fd, sent = conn.transport, conn.fd, 0
+        if fd >= 0:
+            zerocopy.cork(fd, True)
+        try:
+            transport.write(head)
+            sent, rest = send_cached_body(transport, fd, cached, self.sends)
+            if rest:
+                transport.write(rest)
+        except Exception as exc:   # noqa: BLE001 - the head is out: no other answer fits
+            log.error("fragment %s: read failed while sending it", req.arg[0], exc_info=exc)
+            sent = -2
+        finally:
+            if fd >= 0:
+                zerocopy.cork(fd, False)
+        if sent < 0:       # the client went away (-1), or the body could not be read
+            conn.done(req, 200 if sent == -1 else 500, 0, len(head))
+            transport.abort()
+            return
+        conn.done(req, 200, 0, len(head) + cached.length)
+
+    def _put_done(self, conn: FastConn, req: Request, fut: asyncio.Future[bool]) -> None:
+        status = 200 if fut.result() else 201
+        head = response_head(status, 0, None)
+        conn.transport.write(head)
+        conn.done(req, status, req.length, len(head))
 
 
 def send_cached_body(transport: Any, fd: int, cached: Any, sends: Any) -> tuple[int, bytes]:
@@ -567,4 +630,5 @@ def _status_of(fut: asyncio.Future[Any]) -> int:
     return exc.status if isinstance(exc, EcstoreError) else 500
 
 
-__all__ = ["FastPath", "FastConn", "FAST_PATH_ENV", "enabled_from_env", "parse_head"]
+__all__ = ["FastPath", "FastConn", "FragmentRoutes", "Routes", "FAST_PATH_ENV", "enabled_from_env",
+           "parse_head"]

@@ -199,14 +199,24 @@ class GroupCommit:
         self.mutations = 0
 
     async def apply(self, fn: Mutation[T], lazy: bool = False) -> T:
+        return await self.submit(fn, lazy)
+
+    def submit(self, fn: Mutation[T], lazy: bool = False) -> asyncio.Future[T]:
+        """apply() without a coroutine: the future of fn's result (node.fastpath's
+        record writes wait on it with a callback)."""
         fut: asyncio.Future[T] = self._enqueue([fn], lazy)[0]
-        return await fut
+        return fut
+
+    def submit_many(self, fns: list[Mutation[Any]], lazy: bool = False
+                    ) -> asyncio.Future[list[Any]]:
+        """apply_many() without a coroutine: one future of every result or exception."""
+        return asyncio.gather(*self._enqueue(fns, lazy), return_exceptions=True)
 
     async def apply_many(self, fns: list[Mutation[Any]], lazy: bool = False
                          ) -> list[Any | BaseException]:
         """apply() of each, queued together (one batch, unless one is on its way): their
         results or exceptions, in order."""
-        return await asyncio.gather(*self._enqueue(fns, lazy), return_exceptions=True)
+        return await self.submit_many(fns, lazy)
 
     def _enqueue(self, fns: list[Mutation[Any]], lazy: bool) -> list[asyncio.Future[Any]]:
         """Queue fns for the next batch (starting the drain if none is on its way)."""

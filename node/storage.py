@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from node import zerocopy
-from node.fastpath import FastPath, send_cached_body
+from node.fastpath import FastPath, FragmentRoutes, send_cached_body
 from node.fastpath import enabled_from_env as fast_path_enabled
 from node.fragments import (
     DEFAULT_VOLUME_BYTES,
@@ -471,8 +471,8 @@ def make_app(config: StorageConfig) -> web.Application:
 
     app[COMPACTIONS] = [0]
     app[SENDS] = SendStats()
-    app[FAST] = FastPath(app, lambda: (app[STORE], app[PUTS], app[SENDS]), fragment_headers,
-                         SENDFILE_MIN_BYTES)
+    app[FAST] = FastPath(app, FragmentRoutes(lambda: (app[STORE], app[PUTS], app[SENDS]),
+                                             fragment_headers, SENDFILE_MIN_BYTES))
     app.cleanup_ctx.append(open_store)
     app.cleanup_ctx.append(background_scrub)
     app.cleanup_ctx.append(background_compaction)

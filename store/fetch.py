@@ -215,12 +215,29 @@ class _Conn(asyncio.BufferedProtocol):
         self.abort()
 
 
+def data_lane(method: str, path_qs: str) -> bool:
+    """True for the requests a node answers on its fast path (node.fastpath): fragment
+    GETs and PUTs, object record GETs and PUTs, record batches. A node hands a
+    connection to aiohttp for good at its first other request, so those others (the
+    map, buckets, listings, read reports, deletes, health) go over connections of their
+    own: a pooled connection that carried a map fetch would carry every record after it
+    through aiohttp."""
+    if "?" in path_qs:
+        return False
+    if path_qs.startswith("/v1/fragments/"):
+        return method == "GET" or method == "PUT"
+    if path_qs.startswith("/v1/objects"):
+        return method == "GET" or method == "PUT" or method == "POST"
+    return False
+
+
 class NodeClient:
-    """Keep-alive connections per node and signed requests over them."""
+    """Keep-alive connections per node (two lanes: data_lane requests and the rest) and
+    signed requests over them."""
 
     def __init__(self, secret: str) -> None:
         self.secret = secret
-        self._idle: dict[tuple[str, int], list[_Conn]] = {}
+        self._idle: dict[tuple[str, int, bool], list[_Conn]] = {}
         self._addr: dict[str, tuple[str, int]] = {}
         self._slots: dict[tuple[str, int], asyncio.Semaphore] = {}
         self._scratch = bytearray(SCRATCH_BYTES)
@@ -234,9 +251,10 @@ class NodeClient:
             addr = self._addr[base_url] = (u.hostname, u.port or 80)
         return addr
 
-    async def _connection(self, addr: tuple[str, int], reuse: bool) -> tuple[_Conn, bool]:
-        """An idle connection (reused: True) or a new one."""
-        idle = self._idle.get(addr)
+    async def _connection(self, addr: tuple[str, int], lane: bool,
+                          reuse: bool) -> tuple[_Conn, bool]:
+        """An idle connection of `lane` (reused: True) or a new one."""
+        idle = self._idle.get((*addr, lane))
         while reuse and idle:
             conn = idle.pop()
             if not conn.closed:
@@ -247,8 +265,8 @@ class NodeClient:
             CONNECT_TIMEOUT_S)
         return conn, False
 
-    def _release(self, addr: tuple[str, int], conn: _Conn) -> None:
-        idle = self._idle.setdefault(addr, [])
+    def _release(self, addr: tuple[str, int], lane: bool, conn: _Conn) -> None:
+        idle = self._idle.setdefault((*addr, lane), [])
         if conn.reusable and not conn.closed and len(idle) < MAX_IDLE_PER_NODE:
             idle.append(conn)
         else:
@@ -273,13 +291,14 @@ class NodeClient:
         fields = "".join(f"{k}: {v}\r\n" for k, v in hdrs.items())
         head = (f"{method} {path_qs} HTTP/1.1\r\nHost: {addr[0]}:{addr[1]}\r\n{fields}"
                 f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1")
+        lane = data_lane(method, path_qs)
         slots = self._slots.get(addr)
         if slots is None:
             slots = self._slots[addr] = asyncio.Semaphore(MAX_IN_FLIGHT_PER_NODE)
         try:
             async with asyncio.timeout(timeout_s), slots:
                 for attempt in (0, 1):
-                    conn, reused = await self._connection(addr, reuse=attempt == 0)
+                    conn, reused = await self._connection(addr, lane, reuse=attempt == 0)
                     try:
                         resp = await conn.start(head, body, no_body=method == "HEAD",
                                                 sink=sink)
@@ -294,7 +313,7 @@ class NodeClient:
                     if body and resp.status >= 400:
                         conn.abort()   # refused early, our body may be unread
                     else:
-                        self._release(addr, conn)
+                        self._release(addr, lane, conn)
                     return resp
         except (ConnectionError, OSError, TimeoutError, ValueError) as exc:
             raise Unreachable(f"{base_url} unreachable: {type(exc).__name__} {exc}") from None
@@ -315,4 +334,4 @@ class NodeClient:
         self._idle.clear()
 
 
-__all__ = ["NodeClient", "Response", "Sink", "EcstoreError"]
+__all__ = ["NodeClient", "Response", "Sink", "EcstoreError", "data_lane"]

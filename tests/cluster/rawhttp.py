@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import socket
+import struct
 from dataclasses import dataclass, field
 
 from store.auth import sign_headers
@@ -71,3 +72,52 @@ def exchange(port: int, method: str, data: bytes, *, cut: str = "",
         except (http.client.RemoteDisconnected, http.client.IncompleteRead, ConnectionResetError):
             return Answer(None)
         return Answer(resp.status, {k.lower(): v for k, v in resp.getheaders()}, body)
+
+
+class Conn:
+    """One keep-alive connection; answers read in order, their bodies by Content-Length."""
+
+    def __init__(self, port: int, rcvbuf: int = 0) -> None:
+        self.port = port
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if rcvbuf:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.settimeout(TIMEOUT_S)
+        self.sock.connect(("127.0.0.1", port))
+        self.pending = b""
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def _more(self, n: int = 65536) -> None:
+        chunk = self.sock.recv(n)
+        if not chunk:
+            raise ConnectionError(f"closed by the node; unread: {self.pending[:200]!r}")
+        self.pending += chunk
+
+    def answer(self) -> tuple[int, dict[str, str], bytes]:
+        status = 100
+        while status < 200:      # past a 100 Continue
+            while b"\r\n\r\n" not in self.pending:
+                self._more()
+            head, _, self.pending = self.pending.partition(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            status = int(lines[0].split(" ")[1])
+        headers = {k.strip().lower(): v.strip()
+                   for k, _, v in (line.partition(":") for line in lines[1:])}
+        n = int(headers["content-length"])
+        while len(self.pending) < n:
+            self._more()
+        body, self.pending = self.pending[:n], self.pending[n:]
+        return status, headers, body
+
+    def closed_by_node(self) -> bool:
+        try:
+            return self.sock.recv(1) == b""
+        except ConnectionResetError:
+            return True
+
+    def close(self, reset: bool = False) -> None:
+        if reset:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.sock.close()

@@ -1,6 +1,6 @@
-"""One storage node process of our own on 127.0.0.1, for tests that talk to a node
-directly over raw TCP (test_limits: its connection cap; test_fastpath: its fast path
-against a node without it)."""
+"""One storage or control node process of our own on 127.0.0.1, for tests that talk to
+a node directly over raw TCP (test_limits: its connection cap; test_fastpath and
+test_control_fastpath: the fast path against a node without it)."""
 from __future__ import annotations
 
 import contextlib
@@ -35,19 +35,35 @@ def storage_node(max_connections: int, extra_env: dict[str, str] | None = None,
                  data: Path | None = None) -> Iterator[Node]:
     """A storage node process of our own on 127.0.0.1, killed (by its pid) at the end;
     its data in `data` if given (kept), else in a temporary directory (removed)."""
+    with node_process("storage", max_connections, extra_env, data,
+                      ["--scrub-rate-mb-s", "0"]) as node:
+        yield node
+
+
+@contextlib.contextmanager
+def control_node(extra_env: dict[str, str] | None = None) -> Iterator[Node]:
+    """A control node process of our own (fsync off, data in a temporary directory)."""
+    with node_process("control", 64, extra_env, None, []) as node:
+        yield node
+
+
+@contextlib.contextmanager
+def node_process(role: str, max_connections: int, extra_env: dict[str, str] | None,
+                 data: Path | None, args: list[str]) -> Iterator[Node]:
     tmp = Path(tempfile.mkdtemp(prefix="ecstore-limits-"))
     port = free_port()
     env = {**os.environ, "ECSTORE_SECRET": SECRET, MAX_CONNECTIONS_ENV: str(max_connections),
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            **(extra_env or {})}
     log = tmp / "node.log"
+    node_id = "s1" if role == "storage" else "c1"
     if data is None:
-        data = tmp / "s1"
+        data = tmp / node_id
         data.mkdir()   # as LocalCluster does
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "node.storage", "--id", "s1", "--data", str(data),
-             "--host", "127.0.0.1", "--port", str(port), "--no-fsync", "--scrub-rate-mb-s", "0"],
+            [sys.executable, "-m", f"node.{role}", "--id", node_id, "--data", str(data),
+             "--host", "127.0.0.1", "--port", str(port), "--no-fsync", *args],
             env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
     node = Node(port, proc, log)

@@ -11,7 +11,6 @@ import re
 import shutil
 import signal
 import socket
-import struct
 import tempfile
 import time
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from node.fragments import stored_fragments
 from store.auth import CHECKSUM_HEADER
 from store.digest import digest
 from store.wire import FRAGMENT_CRC_HEADER, FRAGMENT_META_HEADER, pack_header
-from tests.cluster.rawhttp import exchange, signed_request
+from tests.cluster.rawhttp import Conn, exchange, signed_request
 from tests.cluster.storagenode import SECRET, Node, storage_node
 
 TIMEOUT_S = 10.0
@@ -42,56 +41,6 @@ def fast() -> Iterator[Node]:
 def plain() -> Iterator[Node]:
     with storage_node(64, {FAST_PATH_ENV: "0"}) as node:
         yield node
-
-
-# ---- a raw keep-alive connection ---------------------------------------------------------
-class Conn:
-    """One connection; answers read in order, their bodies by Content-Length."""
-
-    def __init__(self, port: int, rcvbuf: int = 0) -> None:
-        self.port = port
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        if rcvbuf:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-        self.sock.settimeout(TIMEOUT_S)
-        self.sock.connect(("127.0.0.1", port))
-        self.pending = b""
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def _more(self, n: int = 65536) -> None:
-        chunk = self.sock.recv(n)
-        if not chunk:
-            raise ConnectionError(f"closed by the node; unread: {self.pending[:200]!r}")
-        self.pending += chunk
-
-    def answer(self) -> tuple[int, dict[str, str], bytes]:
-        status = 100
-        while status < 200:      # past a 100 Continue
-            while b"\r\n\r\n" not in self.pending:
-                self._more()
-            head, _, self.pending = self.pending.partition(b"\r\n\r\n")
-            lines = head.decode("latin-1").split("\r\n")
-            status = int(lines[0].split(" ")[1])
-        headers = {k.strip().lower(): v.strip()
-                   for k, _, v in (line.partition(":") for line in lines[1:])}
-        n = int(headers["content-length"])
-        while len(self.pending) < n:
-            self._more()
-        body, self.pending = self.pending[:n], self.pending[n:]
-        return status, headers, body
-
-    def closed_by_node(self) -> bool:
-        try:
-            return self.sock.recv(1) == b""
-        except ConnectionResetError:
-            return True
-
-    def close(self, reset: bool = False) -> None:
-        if reset:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        self.sock.close()
 
 
 def request(method: str, target: str, body: bytes = b"", headers: dict[str, str] | None = None,

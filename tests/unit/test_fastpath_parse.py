@@ -1,13 +1,16 @@
 """node.fastpath.parse_head: which request heads the storage node's fast path answers
 itself (a signed fragment GET or PUT it can answer exactly as aiohttp would), and which
-it hands to aiohttp (everything else: None)."""
+it hands to aiohttp (everything else: None); and the client's lanes match the storage and
+control nodes' fast paths."""
 from __future__ import annotations
 
 import pytest
 
-from node.fastpath import parse_head
+from node.control import RecordRoutes
+from node.fastpath import parse_head, route_fragment
 from store.auth import sign_headers
 from store.digest import digest
+from store.fetch import data_lane
 from store.transport import REQUEST_ID_HEADER
 from store.wire import FRAGMENT_META_HEADER, pack_header
 
@@ -26,11 +29,12 @@ def head(method: str = "GET", target: str = "/v1/fragments/v1.0.2", body: bytes 
 
 def test_signed_fragment_gets_and_puts_are_taken() -> None:
     req = parse_head(head(), MAX_BODY)
-    assert req is not None and (req.method, req.fid, req.length, req.op) == (
-        "GET", "v1.0.2", 0, "get_fragment")
+    assert req is not None and (req.method, req.arg, req.length, req.op) == (
+        "GET", ("v1.0.2", {}), 0, "get_fragment")
     meta = f"{FRAGMENT_META_HEADER}: {pack_header({'crc32': 7})}\r\n"
     req = parse_head(head("PUT", body=b"x" * 10, extra=meta), MAX_BODY)
     assert req is not None and (req.method, req.length, req.op) == ("PUT", 10, "put_fragment")
+    assert req.arg == ("v1.0.2", {"crc32": 7})
     assert parse_head(head(length=""), MAX_BODY) is not None          # GET, no length
     assert parse_head(head("PUT", body=b"x" * MAX_BODY), MAX_BODY) is not None
     assert parse_head(head(extra="Connection: Keep-Alive\r\n"), MAX_BODY) is not None
@@ -69,3 +73,31 @@ def test_a_request_id_is_kept_when_well_formed_else_made() -> None:
 ], ids=lambda d: repr(d[:60]))
 def test_anything_else_goes_to_aiohttp(data: bytes) -> None:
     assert parse_head(data, MAX_BODY) is None
+
+
+# every kind of request the client library sends a node (store.*)
+CLIENT_REQUESTS = [
+    ("GET", "/v1/fragments/v1.0.2"), ("PUT", "/v1/fragments/v1.0.2"),
+    ("HEAD", "/v1/fragments/v1.0.2"), ("DELETE", "/v1/fragments/v1.0.2"),
+    ("POST", "/v1/fragments/v1.0.2/verify"), ("GET", "/v1/fragments?after=x&limit=10"),
+    ("GET", "/v1/quarantine"), ("POST", "/v1/scrub"), ("GET", "/v1/status"),
+    ("GET", "/v1/objects/b/k%2F1"), ("PUT", "/v1/objects/b/k%2F1"),
+    ("POST", "/v1/objects"), ("POST", "/v1/objects/read"),
+    ("DELETE", "/v1/objects/b/k?version_id=v1"), ("DELETE", "/v1/records/b/k?version_id=v"),
+    ("GET", "/v1/map"), ("PUT", "/v1/map"), ("GET", "/v1/list/b?prefix=a&limit=10"),
+    ("POST", "/v1/access"), ("GET", "/v1/access/b"), ("GET", "/v1/health"),
+    ("GET", "/v1/buckets"), ("GET", "/v1/buckets/b"), ("PUT", "/v1/buckets/b"),
+    ("GET", "/metrics"),
+]
+
+
+@pytest.mark.parametrize("method,target", CLIENT_REQUESTS)
+def test_the_clients_data_lane_is_what_the_fast_paths_answer(method: str, target: str) -> None:
+    """store.fetch.data_lane keeps the client's pooled connections apart: the requests a
+    node's fast path answers on one lane, the rest (which hand a connection to aiohttp for
+    good) on another."""
+    length = 10 if method in ("PUT", "POST") else 0
+    headers = {"content-length": str(length)}
+    taken = (route_fragment(method, target, headers, length) is not None
+             or RecordRoutes().route(method, target, headers, length) is not None)
+    assert data_lane(method, target) == taken
