@@ -473,16 +473,16 @@ class RecordRoutes(Routes):
         if op == "get_object":
             conn.reply(req, 200, stored_record(db, *checked_names(*req.arg)), MSGPACK)
             return
-        if op == "put_object":
-            bucket, key = checked_names(*req.arg)
+        # a bad name is answered before the body is checked, as put_object answers it
+        names = checked_names(*req.arg) if op == "put_object" else None
         raw = bytes(self._verified(req, body))
-        if op == "get_objects":
-            conn.reply(req, 200, pack(read_records(db, batch_items_of(raw, 3, req.rid))),
-                       MSGPACK)
-        elif op == "put_object":
-            fut = commit.submit(newest(object_key(bucket, key), checked_record(raw), raw))
+        if names is not None:
+            fut = commit.submit(newest(object_key(*names), checked_record(raw), raw))
             conn.wait(fut, req, lambda r, f: conn.reply(r, 200, pack(put_answer(*f.result())),
                                                         MSGPACK))
+        elif op == "get_objects":
+            conn.reply(req, 200, pack(read_records(db, batch_items_of(raw, 3, req.rid))),
+                       MSGPACK)
         else:
             out, at, mutations = prepare_puts(batch_items_of(raw, 4, req.rid))
             conn.wait(commit.submit_many(mutations), req,
