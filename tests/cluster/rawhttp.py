@@ -121,3 +121,18 @@ class Conn:
         if reset:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.sock.close()
+
+
+def first_answer(port: int, data: bytes) -> tuple[int, bytes]:
+    """(status, body) of the answer to `data` on a Conn of its own; (0, b"") when the
+    node closed without one."""
+    c = Conn(port)
+    try:
+        c.send(data)
+        try:
+            status, _, body = c.answer()
+        except ConnectionError:
+            return 0, b""
+    finally:
+        c.close()
+    return status, body

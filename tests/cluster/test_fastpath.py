@@ -23,7 +23,7 @@ from node.fragments import stored_fragments
 from store.auth import CHECKSUM_HEADER
 from store.digest import digest
 from store.wire import FRAGMENT_CRC_HEADER, FRAGMENT_META_HEADER, pack_header
-from tests.cluster.rawhttp import Conn, exchange, signed_request
+from tests.cluster.rawhttp import Conn, exchange, first_answer, signed_request
 from tests.cluster.storagenode import SECRET, Node, storage_node
 
 TIMEOUT_S = 10.0
@@ -204,19 +204,8 @@ ODD = {
 
 @pytest.mark.parametrize("case", sorted(ODD))
 def test_odd_requests_get_aiohttps_answer(case: str, fast: Node, plain: Node) -> None:
-    answers = []
     before = metrics(fast)["fast_requests"]
-    for node in (fast, plain):
-        c = Conn(node.port)
-        try:
-            c.send(ODD[case])
-            try:
-                status, _, body = c.answer()
-            except ConnectionError:
-                status, body = 0, b""
-        finally:
-            c.close()
-        answers.append((status, body))
+    answers = [first_answer(node.port, ODD[case]) for node in (fast, plain)]
     assert answers[0] == answers[1]
     assert answers[0][0] != 0, "no answer"
     assert metrics(fast)["fast_requests"] == before    # aiohttp's answer, not ours
