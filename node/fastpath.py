@@ -6,7 +6,7 @@ Through aiohttp, its request, middleware and response objects were most of a sma
 request's CPU. Measured alone (one node, 256 KiB fragments, 8 in flight, A/B back to
 back): a fragment PUT costs 425-525 us of node CPU here against 700-800 through aiohttp,
 a cached GET 75-92 against 83-100; in a cluster, the storage nodes' CPU per S3 1 MiB
-put fell by 28%, per get by 25%, the control nodes' by 18% and 35% (README,
+put fell by 28%, per get by 25%, the control nodes' by 11-21% and 31-34% (README,
 bench.bound). Every connection starts here (`FastConn`, in front of aiohttp's protocol):
 it reads request heads itself and answers, byte for byte as the aiohttp routes would
 (the same headers, statuses, error bodies, counters and request log line), the requests

@@ -136,3 +136,18 @@ def first_answer(port: int, data: bytes) -> tuple[int, bytes]:
     finally:
         c.close()
     return status, body
+
+
+def converse(port: int, steps: list[bytes]) -> list[tuple[int, list[str], bytes]]:
+    """Each request of `steps` on one keep-alive connection, in turn: (status, header
+    names but Date, sorted, body) of each answer."""
+    c = Conn(port)
+    out = []
+    try:
+        for data in steps:
+            c.send(data)
+            status, headers, body = c.answer()
+            out.append((status, sorted(h for h in headers if h != "date"), body))
+    finally:
+        c.close()
+    return out

@@ -20,7 +20,7 @@ from node.fastpath import FAST_PATH_ENV
 from store.digest import digest
 from store.transport import Transport, quote_key
 from store.wire import pack, unpack
-from tests.cluster.rawhttp import Conn, exchange, first_answer, signed_request
+from tests.cluster.rawhttp import Conn, converse, exchange, first_answer, signed_request
 from tests.cluster.storagenode import SECRET, Node, control_node
 
 
@@ -81,19 +81,6 @@ def log_lines(node: Node, at_least: int = 0) -> list[tuple[str, ...]]:
         time.sleep(0.1)
 
 
-def converse(node: Node, steps: list[bytes]) -> list[tuple[int, list[str], bytes]]:
-    c = Conn(node.port)
-    out = []
-    try:
-        for data in steps:
-            c.send(data)
-            status, headers, body = c.answer()
-            out.append((status, sorted(h for h in headers if h != "date"), body))
-    finally:
-        c.close()
-    return out
-
-
 # ---- the same answers as aiohttp's --------------------------------------------------------
 ODD_KEY = "dir/sub file+x%y\u00e9?#"          # every escape quote_key writes, %2F among them
 
@@ -136,7 +123,7 @@ def test_record_requests_get_the_answers_aiohttp_gives(fast: Node, plain: Node) 
     before = metrics(fast)
     lines_fast, lines_plain = len(log_lines(fast)), len(log_lines(plain))
     steps = conversation()
-    got_fast, got_plain = converse(fast, steps), converse(plain, steps)
+    got_fast, got_plain = converse(fast.port, steps), converse(plain.port, steps)
     assert [s for s, _, _ in got_fast] == [200, 200, 200, 200, 404, 400, 400, 400, 400, 400,
                                            400, 200, 200, 200, 200, 400, 400, 400, 400, 200]
     assert got_fast == got_plain
@@ -173,7 +160,7 @@ def test_keys_are_unescaped_as_aiohttps_router_does(fast: Node, plain: Node) -> 
     for node in (fast, plain):
         steps = [request("PUT", f"/v1/objects/raw/{k}", record(1, f"v{i}"))
                  for i, k in enumerate(RAW_KEYS)]
-        answers[node.port] = [a[:1] + a[2:] for a in converse(node, steps)]
+        answers[node.port] = [a[:1] + a[2:] for a in converse(node.port, steps)]
     assert answers[fast.port] == answers[plain.port]
     assert [a[0] for a in answers[fast.port]].count(200) >= len(RAW_KEYS) - 4
     listed = []

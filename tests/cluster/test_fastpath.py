@@ -23,7 +23,7 @@ from node.fragments import stored_fragments
 from store.auth import CHECKSUM_HEADER
 from store.digest import digest
 from store.wire import FRAGMENT_CRC_HEADER, FRAGMENT_META_HEADER, pack_header
-from tests.cluster.rawhttp import Conn, exchange, first_answer, signed_request
+from tests.cluster.rawhttp import Conn, converse, exchange, first_answer, signed_request
 from tests.cluster.storagenode import SECRET, Node, storage_node
 
 TIMEOUT_S = 10.0
@@ -94,15 +94,7 @@ def conversation(node: Node, prefix: str, big: bytes,
         request("PUT", f"/v1/fragments/{prefix}empty", b""),
         request("GET", f"/v1/fragments/{prefix}empty"),
     ]
-    c = Conn(node.port)
-    out = []
-    try:
-        for data in steps:
-            c.send(data)
-            status, headers, body = c.answer()
-            out.append((status, sorted(h for h in headers if h != "date"), body))
-    finally:
-        c.close()
+    out = converse(node.port, steps)
     assert out[2][2] == big and out[4][2] == small
     return out
 
