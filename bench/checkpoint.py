@@ -94,7 +94,8 @@ def _evict(paths: list[Path]) -> int:
 
 
 def rank_main(rank: int, world: int, port: int, cluster_path: str, work: str, mib: int,
-              objects_per_rank: int, reads_in_flight: int, only: str) -> None:
+              objects_per_rank: int, reads_in_flight: int, only: str,
+              uncached_writes: bool = False) -> None:
     import datetime
 
     import torch
@@ -148,7 +149,8 @@ def rank_main(rank: int, world: int, port: int, cluster_path: str, work: str, mi
             _evict(paths)
 
     def ecstore_save() -> None:
-        with EcstoreWriter(cluster_path, BUCKET, PREFIX, "bench-1", objects_per_rank=objects_per_rank) as w:
+        with EcstoreWriter(cluster_path, BUCKET, PREFIX, "bench-1", objects_per_rank=objects_per_rank,
+                           cache_writes=not uncached_writes) as w:
             dcp.save(state, storage_writer=w)
 
     def ecstore_load() -> dict[str, torch.Tensor]:
@@ -231,6 +233,8 @@ def run_ranks(cluster: LocalCluster, work: Path, args: argparse.Namespace, mib: 
                "--port", str(port), "--cluster", str(cluster.path), "--work", str(work),
                "--mib-per-rank", str(mib), "--objects-per-rank", str(args.objects_per_rank),
                "--reads-in-flight", str(args.reads_in_flight), "--only", args.only]
+        if args.uncached_writes:
+            cmd.append("--uncached-writes")
         with open(work / f"rank{rank}.log", "wb") as rank_log:
             procs.append(subprocess.Popen(cmd, cwd=root, env=env, stdout=rank_log, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL))
@@ -289,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="EcstoreReader reads_in_flight (default %(default)s)")
     ap.add_argument("--only", choices=["all", "ecstore", "local"], default="all",
                     help="run only the ecstore or the local phases")
+    ap.add_argument("--uncached-writes", action="store_true",
+                    help="EcstoreWriter cache_writes=False: the storage nodes write the saved "
+                    "shards without keeping them in their page cache (Linux 6.14+)")
     ap.add_argument("--json", type=Path, default=Path("bench/results/checkpoint.json"))
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -298,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     mib = args.mib_per_rank or PROFILES["quick" if args.quick else "full"]
     if args.worker is not None:
         rank_main(args.worker, args.ranks, args.port, args.cluster, args.work, mib,
-                  args.objects_per_rank, args.reads_in_flight, args.only)
+                  args.objects_per_rank, args.reads_in_flight, args.only, args.uncached_writes)
         return 0
     t_start = time.perf_counter()
 
@@ -307,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
 
     meta: dict[str, Any] = {"ranks": args.ranks, "mib_per_rank": mib,
                             "objects_per_rank": args.objects_per_rank, "reads_in_flight": args.reads_in_flight,
+                            "uncached_writes": args.uncached_writes,
                             "tensor_mib": min(mib, TENSOR_MIB),
                             "k": 4, "m": 2, "fsync": True, "python": sys.version.split()[0],
                             "platform": platform.platform(), "cpus": os.cpu_count(),

@@ -68,7 +68,7 @@ from store.auth import CHECKSUM_HEADER, verify
 from store.errors import EcstoreError
 from store.transport import REQUEST_ID_HEADER, REQUEST_ID_RE, new_request_id
 from store.wire import FRAGMENT_META_HEADER as META_HEADER
-from store.wire import unpack_header
+from store.wire import UNCACHED_HEADER, unpack_header
 
 log = logging.getLogger("ecstore.node")
 
@@ -547,7 +547,8 @@ class FragmentRoutes(Routes):
             return
         fid, meta = req.arg
         fut = self.puts.submit(fid, body if body is not None else bytearray(),
-                               req.headers.get(CHECKSUM_HEADER, ""), meta)
+                               req.headers.get(CHECKSUM_HEADER, ""), meta,
+                               req.headers.get(UNCACHED_HEADER) == "1")
         conn.wait(fut, req, lambda r, f: self._put_done(conn, r, f))
 
     def _get(self, conn: FastConn, req: Request) -> None:

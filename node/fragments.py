@@ -57,6 +57,7 @@ import mmap
 import os
 import re
 import struct
+import sys
 import threading
 import time
 import zlib
@@ -88,6 +89,10 @@ COMPACT_LIVE_FRACTION = 0.5                # compact a full volume once less is 
 MIGRATE_BATCH_BYTES = 256 * 1024 ** 2      # old fragment files moved per sync
 LIST_SNAPSHOT_S = 60.0                     # a listing's sorted ids are reused this long
 _RWF_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None) if hasattr(os, "preadv") else None
+# Linux 6.14's uncached buffered write (include/uapi/linux/fs.h; Python 3.11's os module
+# predates it): the pages are written back and dropped from the page cache as the write
+# completes, instead of staying there and pushing out what readers use.
+RWF_DONTCACHE: int | None = getattr(os, "RWF_DONTCACHE", 0x80) if sys.platform == "linux" else None
 FRAGMENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
 
 
@@ -243,6 +248,10 @@ class FragmentStore:
         self._listing: tuple[float, builtins.list[str]] | None = None   # (made, sorted ids)
         self._seq = 0
         self.count = self.bytes = self.quarantined = 0
+        # the flag of an uncached write (0 once the kernel or filesystem refused it: those
+        # writes go through the page cache), and how many were written uncached
+        self.uncached_flag = RWF_DONTCACHE or 0
+        self.uncached_writes = 0
         t0 = time.monotonic()
         self._open_volumes()
         migrated = self._migrate_files()
@@ -403,10 +412,11 @@ class FragmentStore:
 
     # ---- writes ---------------------------------------------------------------------
     def put(self, fid: str, body: bytes | bytearray | memoryview, checksum: str,
-            meta: dict[str, Any], sync: bool = True, reserve: bool = True) -> bool:
+            meta: dict[str, Any], sync: bool = True, reserve: bool = True,
+            uncached: bool = False) -> bool:
         """Store a fragment whose body must hash to `checksum`; True if it replaced one.
-        Durable (with fsync on) when it returns."""
-        w = self.write_record(fid, body, checksum, meta, reserve)
+        Durable (with fsync on) when it returns. `uncached`: as write_record."""
+        w = self.write_record(fid, body, checksum, meta, reserve, uncached)
         try:
             if self.fsync and sync:
                 w.vol.sync()
@@ -416,10 +426,12 @@ class FragmentStore:
         return self.commit_record(w)
 
     def write_record(self, fid: str, body: bytes | bytearray | memoryview, checksum: str,
-                     meta: dict[str, Any], reserve: bool = True) -> Written:
+                     meta: dict[str, Any], reserve: bool = True,
+                     uncached: bool = False) -> Written:
         """The first step of a put: check the fragment, append its record (not synced,
         not in the index yet). Then the caller syncs w.vol (or not) and calls
-        commit_record(w), or abandon(w) if the sync failed."""
+        commit_record(w), or abandon(w) if the sync failed. `uncached`: written without
+        staying in the page cache where the kernel can (uncached_flag)."""
         check_fragment_id(fid)
         if not digest_matches(body, checksum):
             raise BadRequest("body does not match its checksum (truncated or damaged upload)")
@@ -436,7 +448,7 @@ class FragmentStore:
             vol, off = self._reserve(length, seq)   # vol may be new: made after seq
         try:
             prefix = RECORD_PREFIX.pack(RECORD_MAGIC, len(header), vol.header_crc(header))
-            self._write(vol, off, [prefix, header, body], length)
+            self._write(vol, off, [prefix, header, body], length, uncached)
         except BaseException:
             with self._lock:
                 self._done(vol)
@@ -492,13 +504,15 @@ class FragmentStore:
         if vol.writers == 0:
             self._written.notify_all()
 
-    def _write(self, vol: Volume, off: int, parts: list[Any], length: int) -> None:
+    def _write(self, vol: Volume, off: int, parts: list[Any], length: int,
+               uncached: bool = False) -> None:
         """Write a record's parts at off; a short write (the disk filling) is finished or
         fails with ENOSPC. A failed write's record is unmarked (its magic zeroed, where
         those bytes made it to the disk), so the open-time scan skips it rather than take
-        a whole header over a cut-short body; reads never point at it."""
+        a whole header over a cut-short body; reads never point at it. `uncached`: with
+        uncached_flag, which is turned off for good the first time it is refused."""
         try:
-            written = os.pwritev(vol.fd, parts, off)
+            written = self._pwritev(vol.fd, parts, off, uncached)
             if written < length:
                 rest = memoryview(b"".join(bytes(p) for p in parts))[written:]
                 while rest:
@@ -510,6 +524,23 @@ class FragmentStore:
             if exc.errno == errno.ENOSPC:
                 raise InsufficientStorage("no space left on device") from None
             raise
+
+    def _pwritev(self, fd: int, parts: list[Any], off: int, uncached: bool) -> int:
+        flag = self.uncached_flag if uncached else 0
+        if not flag:
+            return os.pwritev(fd, parts, off)
+        try:
+            written = os.pwritev(fd, parts, off, flag)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            if self.uncached_flag:   # once: an older kernel, or a filesystem without it
+                log.warning("uncached writes refused here (%s): fragments are written "
+                            "through the page cache", os.strerror(exc.errno))
+                self.uncached_flag = 0
+            return os.pwritev(fd, parts, off)
+        self.uncached_writes += 1
+        return written
 
     def _append_tombstone(self, fid: str) -> tuple[Volume, int, list[bytes], int]:
         """Reserve a tombstone for fid in the active volume; under self._lock. The caller

@@ -53,7 +53,7 @@ from store.errors import Unavailable
 from store.transport import retrieved
 from store.wire import FRAGMENT_CRC_HEADER as CRC_HEADER
 from store.wire import FRAGMENT_META_HEADER as META_HEADER
-from store.wire import pack, pack_header, unpack_header
+from store.wire import UNCACHED_HEADER, pack, pack_header, unpack_header
 
 log = logging.getLogger("ecstore.storage")
 MAX_FRAGMENT_BYTES = 80 * 1024 * 1024
@@ -114,26 +114,28 @@ class PutQueue:
     def __init__(self, store: FragmentStore) -> None:
         self.store = store
         self._cv = threading.Condition()
-        self._queue: list[tuple[str, Any, str, dict[str, Any], asyncio.Future[bool]]] = []
+        self._queue: list[tuple[str, Any, str, dict[str, Any], bool, asyncio.Future[bool]]] = []
         self._closed = False
         self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._run, name="fragment-writer", daemon=True)
         self._thread.start()
         self.batches = self.puts = 0     # for tests and the curious
 
-    async def put(self, fid: str, body: Any, checksum: str, meta: dict[str, Any]) -> bool:
+    async def put(self, fid: str, body: Any, checksum: str, meta: dict[str, Any],
+                  uncached: bool = False) -> bool:
         """FragmentStore.put, in the next batch: True if it replaced a fragment."""
-        return await asyncio.shield(self.submit(fid, body, checksum, meta))
+        return await asyncio.shield(self.submit(fid, body, checksum, meta, uncached))
 
-    def submit(self, fid: str, body: Any, checksum: str,
-               meta: dict[str, Any]) -> asyncio.Future[bool]:
+    def submit(self, fid: str, body: Any, checksum: str, meta: dict[str, Any],
+               uncached: bool = False) -> asyncio.Future[bool]:
         """put's future, settled when the batch is written (the caller may go away: the
-        put is written all the same, its error marked as seen)."""
+        put is written all the same, its error marked as seen). `uncached`: the
+        UNCACHED_HEADER's request (FragmentStore.write_record)."""
         fut: asyncio.Future[bool] = self._loop.create_future()
         with self._cv:
             if self._closed:
                 raise Unavailable("storage node shutting down")
-            self._queue.append((fid, body, checksum, meta, fut))
+            self._queue.append((fid, body, checksum, meta, uncached, fut))
             self._cv.notify()
         # a caller that goes away (its client hung up) leaves the put to finish, as a
         # pool thread would have: the answer is dropped (and an error seen here)
@@ -166,22 +168,23 @@ class PutQueue:
                         self.store.abandon(w)
                 err = exc if isinstance(exc, Exception) else RuntimeError("write interrupted")
                 done = {id(f) for f, _ in results}
-                results += [(b[4], err) for b in batch if id(b[4]) not in done]
+                results += [(b[5], err) for b in batch if id(b[5]) not in done]
             self.batches += 1
             self.puts += len(batch)
             with contextlib.suppress(RuntimeError):   # the loop closed: nobody is waiting
                 self._loop.call_soon_threadsafe(_settle, results)
 
-    def _write(self, batch: list[tuple[str, Any, str, dict[str, Any], asyncio.Future[bool]]],
+    def _write(self, batch: list[tuple[str, Any, str, dict[str, Any], bool, asyncio.Future[bool]]],
                results: list[tuple[asyncio.Future[bool], bool | BaseException]],
                written: list[tuple[Written, asyncio.Future[bool]]]) -> None:
         """Append every record, sync each volume once, then commit or give up each one:
         `results` gets every put's answer, `written` holds the records appended and not
         yet committed or given up (taken off one at a time)."""
         store = self.store
-        for fid, body, checksum, meta, fut in batch:
+        for fid, body, checksum, meta, uncached, fut in batch:
             try:
-                written.append((store.write_record(fid, body, checksum, meta), fut))
+                written.append((store.write_record(fid, body, checksum, meta,
+                                                   uncached=uncached), fut))
             except Exception as exc:  # noqa: BLE001 - this put's answer
                 results.append((fut, exc))
         failed: dict[int, OSError] = {}
@@ -218,7 +221,8 @@ async def put_fragment(request: web.Request) -> web.Response:
     checksum = request.headers.get(CHECKSUM_HEADER, "")
     meta = unpack_header(request.headers.get(META_HEADER))
     body = await read_body(request)
-    replaced = await request.app[PUTS].put(request.match_info["fid"], body, checksum, meta)
+    replaced = await request.app[PUTS].put(request.match_info["fid"], body, checksum, meta,
+                                           request.headers.get(UNCACHED_HEADER) == "1")
     return web.Response(status=200 if replaced else 201)
 
 
@@ -365,6 +369,12 @@ def storage_metrics(app: web.Application) -> Families:
     if puts is not None:
         yield counter("ecstore_storage_fragment_puts", "Fragment puts the writer thread "
                       "took (stored or refused).", puts.puts)
+        yield counter("ecstore_storage_uncached_writes", "Fragments written without "
+                      "staying in the page cache (asked for by the writer, x-ecstore-uncached: "
+                      "checkpoints, repair, rebalance).", store.uncached_writes)
+        yield gauge("ecstore_storage_uncached_writes_supported", "1 while this kernel and "
+                    "filesystem take uncached writes (RWF_DONTCACHE, Linux 6.14+); 0: those "
+                    "fragments go through the page cache.", 1 if store.uncached_flag else 0)
         yield counter("ecstore_storage_put_batches", "Batches the writer thread wrote, one "
                       "sync each: puts per batch = how much they share a sync.", puts.batches)
     sends = app[SENDS]

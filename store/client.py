@@ -38,7 +38,7 @@ from store.metadata import MetaQuorum, effective_quorums, first_answers
 from store.names import SYSTEM_BUCKETS, check_bucket_name, check_key
 from store.striping import Extent, extent_slices, fragment_id, plan_fetches, record_extents, resolve_range
 from store.transport import LoopBound, Transport, operation, quote_key, retrieved, traced_stream
-from store.wire import FRAGMENT_CRC_HEADER, FRAGMENT_META_HEADER, pack, pack_header, unpack
+from store.wire import FRAGMENT_CRC_HEADER, FRAGMENT_META_HEADER, UNCACHED_HEADER, pack, pack_header, unpack
 
 FRAGMENT_TIMEOUT_S = 30.0
 STRAGGLER_MIN_S = 2.0          # a fragment put this far behind its segment's k-th goes to a handoff
@@ -362,12 +362,16 @@ class Client(LoopBound):
     async def put(self, bucket: str, key: str, source: Source, *,
                   content_type: str = "application/octet-stream",
                   meta: dict[str, str] | None = None, policy: str | None = None,
-                  extra: Callable[[], dict[str, Any]] | None = None) -> ObjectInfo:
+                  extra: Callable[[], dict[str, Any]] | None = None,
+                  cache: bool = True) -> ObjectInfo:
         """Store an object from bytes, a file path, a binary file or an async iterator.
 
         Memory stays bounded by MAX_INFLIGHT_SEGMENTS segments whatever the size.
         `extra`, called once every byte is read and before the commit, gives more record
         fields (the gateway's ETag and headers); if it raises, nothing is committed.
+        `cache=False`: the storage nodes write the fragments without keeping them in their
+        page cache (a checkpoint nobody reads back soon must not push the data set out;
+        Linux 6.14+, else as usual); as durable either way, and a read caches them.
         Raises NotFound (no bucket), BadRequest, Unavailable (too few nodes).
         """
         check_key(key)
@@ -398,7 +402,8 @@ class Client(LoopBound):
             record.update(size=len(pre[0]), inline=bytes(pre[0]), segments=0)
         else:
             size, count = await self._put_segments(cmap, pol, bucket, key, vid, record,
-                                                   _chain(pre, segments), slot=slot)
+                                                   _chain(pre, segments), slot=slot,
+                                                   cache=cache)
             record.update(size=size, segments=count)
         if extra is not None:
             fields = extra()
@@ -415,14 +420,16 @@ class Client(LoopBound):
 
     @operation
     async def write_extent(self, pol: Policy, bucket: str, key: str,
-                           source: Source) -> dict[str, Any]:
+                           source: Source, cache: bool = True) -> dict[str, Any]:
         """Encode and place `source` under a new version id without committing anything
-        (a multipart part). Returns {"version_id", "size", "segments", "handoffs"}."""
+        (a multipart part, a tier move). Returns {"version_id", "size", "segments",
+        "handoffs"}. `cache`: as put's."""
         cmap = await self.cluster_map()
         vid = new_version_id()
         rec: dict[str, Any] = {"handoffs": {}}
         size, count = await self._put_segments(cmap, pol, bucket, key, vid, rec,
-                                               _segments(source, pol.segment_size_bytes))
+                                               _segments(source, pol.segment_size_bytes),
+                                               cache=cache)
         return {"version_id": vid, "size": size, "segments": count, "handoffs": rec["handoffs"]}
 
     async def _commit(self, cmap: ClusterMap, bucket: str, key: str,
@@ -437,8 +444,8 @@ class Client(LoopBound):
 
     async def _put_segments(self, cmap: ClusterMap, pol: Policy, bucket: str, key: str,
                             vid: str, record: dict[str, Any], segments: AsyncIterator[bytes],
-                            slot: _Slot | None = None) -> tuple[int, int]:
-        """`slot`: the one the caller took for the first segment."""
+                            slot: _Slot | None = None, cache: bool = True) -> tuple[int, int]:
+        """`slot`: the one the caller took for the first segment; `cache`: as put's."""
         size = count = 0
         inflight: set[asyncio.Future[None]] = set()
         written: list[tuple[str, Node]] = []
@@ -460,7 +467,8 @@ class Client(LoopBound):
                     slot.release()
                     break
                 task = asyncio.ensure_future(self._put_segment(
-                    cmap, pol, bucket, key, vid, count, seg, record["handoffs"], written))
+                    cmap, pol, bucket, key, vid, count, seg, record["handoffs"], written,
+                    cache))
                 task.add_done_callback(functools.partial(_segment_done, slot))
                 slot = None
                 inflight.add(task)
@@ -478,7 +486,7 @@ class Client(LoopBound):
 
     async def _put_segment(self, cmap: ClusterMap, pol: Policy, bucket: str, key: str,
                            vid: str, seg: int, data: bytes, handoffs: dict[str, str],
-                           written: list[tuple[str, Node]]) -> None:
+                           written: list[tuple[str, Node]], cache: bool = True) -> None:
         """Place the k+m fragments of one segment on k+m distinct nodes.
 
         A fragment whose node fails, or lags far behind the others (a stalled node), goes
@@ -501,7 +509,7 @@ class Client(LoopBound):
         def attempt(i: int, node: Node) -> None:
             meta = {"bucket": bucket, "key": key, "version_id": vid, "segment": seg, "index": i}
             task = asyncio.ensure_future(
-                self.put_fragment(node, fragment_id(vid, seg, i), frags[i], meta))
+                self.put_fragment(node, fragment_id(vid, seg, i), frags[i], meta, cache))
             attempts[task] = (i, node)
 
         def next_node(i: int, why: str, node: Node) -> None:
@@ -571,12 +579,16 @@ class Client(LoopBound):
 
     @operation
     async def put_fragment(self, node: Node, fid: str, body: bytes | bytearray | memoryview,
-                            meta: dict[str, Any]) -> None:
+                           meta: dict[str, Any], cache: bool = True) -> None:
+        """`cache=False`: the node writes it without keeping it in its page cache
+        (UNCACHED_HEADER)."""
         checksum = digest(body)
         meta = {**meta, "crc32": crc32(body)}   # what readers check (FRAGMENT_CRC_HEADER)
+        headers = {FRAGMENT_META_HEADER: pack_header(meta)}
+        if not cache:
+            headers[UNCACHED_HEADER] = "1"
         await self.t.request("PUT", node.address, f"/v1/fragments/{fid}", body=body,
-                             checksum=checksum, timeout_s=FRAGMENT_TIMEOUT_S,
-                             headers={FRAGMENT_META_HEADER: pack_header(meta)})
+                             checksum=checksum, timeout_s=FRAGMENT_TIMEOUT_S, headers=headers)
 
     async def _delete_fragments(self, written: list[tuple[str, Node]]) -> None:
         """Best effort; garbage collection removes whatever this misses."""

@@ -304,18 +304,22 @@ class EcstoreWriter(_Storage, StorageWriter):
     already has `.metadata` is refused unless overwrite=True (which deletes that
     `.metadata` before any rank writes: the old generation is gone from then on).
     update_latest=False leaves the `latest` pointer alone (e.g. evaluation snapshots).
+    cache_writes=False writes the shards uncached (Client.put's cache=False: the storage
+    nodes do not keep them in their page cache, so a save does not push out the data set
+    the training reads; Linux 6.14+); by default they are written as any object.
     Raises (through DCP's CheckpointException) ecstore errors: Conflict, Unavailable, ...
     """
 
     def __init__(self, cluster: Cluster, bucket: str, prefix: str, generation: str | None = None, *,
                  objects_per_rank: int = OBJECTS_PER_RANK, overwrite: bool = False,
-                 update_latest: bool = True) -> None:
+                 update_latest: bool = True, cache_writes: bool = True) -> None:
         if not 1 <= objects_per_rank <= MAX_OBJECTS_PER_RANK:
             raise BadRequest(f"objects_per_rank must be 1..{MAX_OBJECTS_PER_RANK}")
         self._fixed = None if generation is None else check_generation(generation)
         super().__init__(cluster, bucket, prefix)
         self.generation = self._fixed
         self.objects_per_rank, self.overwrite, self.update_latest = objects_per_rank, overwrite, update_latest
+        self.cache_writes = cache_writes
         self.save_id = str(uuid.uuid4())
         self.rank: int | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(objects_per_rank, thread_name_prefix="ecstore-dcp")
@@ -386,7 +390,8 @@ class EcstoreWriter(_Storage, StorageWriter):
         sink = _ChunkSink(loop, cmap.policy(None).segment_size_bytes)  # chunks the put takes as is
         produce = loop.run_in_executor(self._pool, _serialize_items, items, planner, sink, name)
         try:
-            await self.client.put(self.bucket, self.key(gen, name), sink.chunks())
+            await self.client.put(self.bucket, self.key(gen, name), sink.chunks(),
+                                  cache=self.cache_writes)
         except BaseException:
             sink.aborted = True  # a failed put must not leave the producer blocked
             await asyncio.gather(produce, return_exceptions=True)

@@ -121,7 +121,7 @@ class RebalanceWorker:
         if not digest_matches(reply.body, reply.headers.get(CHECKSUM_HEADER)):
             raise Corrupt(f"{mv.fid} from {mv.source.id} failed its checksum in transit")
         meta = unpack_header(reply.headers.get(FRAGMENT_META_HEADER))
-        await self.c.put_fragment(mv.target, mv.fid, reply.body, meta)
+        await self.c.put_fragment(mv.target, mv.fid, reply.body, meta, cache=False)
         await self.c.t.request("DELETE", mv.source.address, path, timeout_s=30)
         return len(reply.body)
 

@@ -152,7 +152,7 @@ class RepairWorker:
         for idx, body in zip(seg.missing, rebuilt):
             try:
                 await self.c.put_fragment(seg.targets[idx], fragment_id(vid, seg.segment, idx),
-                                           body, {**meta, "index": idx})
+                                           body, {**meta, "index": idx}, cache=False)
                 r.fragments_rebuilt += 1
                 r.bytes_rebuilt += len(body)
                 await self.limiter.spend(len(body))

@@ -167,13 +167,14 @@ def _has_policy(cmap: ClusterMap, name: str) -> bool:
 
 
 async def move_object(c: Client, bucket: str, key: str, record: dict[str, Any],
-                      policy: str) -> bool:
+                      policy: str, cache: bool = True) -> bool:
     """Re-encode one object's current version into `policy` and commit it. True if the
-    move is now the object's record; False if a newer write won meanwhile."""
+    move is now the object's record; False if a newer write won meanwhile. `cache=False`
+    (a demotion: nobody is reading it) writes it uncached (Client.put's)."""
     cmap = await c.cluster_map()
     pol = cmap.policy(policy)
     source = c.get_stream(bucket, key, record=record, note_read=False)
-    ext = await c.write_extent(pol, bucket, key, source)
+    ext = await c.write_extent(pol, bucket, key, source, cache=cache)
     if ext["size"] != record["size"]:
         raise EcstoreError(f"{bucket}/{key}: read {ext['size']} bytes of {record['size']}")
     new = {k: v for k, v in record.items() if k != "parts"}
@@ -224,7 +225,8 @@ class TierWorker:
         try:
             if not self.dry_run:
                 await self.limiter.spend(int(e.record["size"]))
-                if not await move_object(self.c, e.bucket, e.key, e.record, target):
+                if not await move_object(self.c, e.bucket, e.key, e.record, target,
+                                         cache=e.action != "demote"):
                     r.superseded += 1
                     return True
             r.bytes_moved += int(e.record["size"])

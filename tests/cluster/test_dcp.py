@@ -356,6 +356,31 @@ def test_saving_over_a_complete_generation_is_refused_unless_overwrite(
         assert torch.equal(state["w"], torch.full((4,), value))
 
 
+def test_cache_writes_false_saves_every_shard_uncached(cluster: LocalCluster,
+                                                      client: SyncClient) -> None:
+    """EcstoreWriter(cache_writes=False): each shard object's fragments are written
+    uncached on their storage nodes (x-ecstore-uncached); the default writes them as any
+    object. Both load back."""
+    from tests.cluster.test_uncached_writes import skip_unless_uncached_writes, uncached_writes
+    skip_unless_uncached_writes()
+    client.create_bucket("ckpt-uncached")
+    state = {"w": torch.arange(3 << 20, dtype=torch.float32)}   # 12 MiB: 3 segments
+    before = uncached_writes(cluster)
+    with EcstoreWriter(cluster.path, "ckpt-uncached", "p", "plain", objects_per_rank=1) as writer:
+        dcp.save(state, storage_writer=writer, no_dist=True)
+    assert uncached_writes(cluster) == before
+    with EcstoreWriter(cluster.path, "ckpt-uncached", "p", "cold", objects_per_rank=1,
+                       cache_writes=False) as writer:
+        dcp.save(state, storage_writer=writer, no_dist=True)
+    # the shard's segments (k + m fragments each); .metadata and latest are small, inline
+    assert uncached_writes(cluster) - before >= 3 * 6
+    for gen in ("plain", "cold"):
+        got = {"w": torch.zeros(3 << 20, dtype=torch.float32)}
+        with EcstoreReader(cluster.path, "ckpt-uncached", "p", gen) as reader:
+            dcp.load(got, storage_reader=reader, no_dist=True)
+        assert torch.equal(got["w"], state["w"])
+
+
 def test_a_save_whose_serialization_fails_commits_nothing(cluster: LocalCluster, client: SyncClient) -> None:
     client.create_bucket("ckpt-bad")
     state = {"w": torch.ones(3 << 20), "bad": lambda: 0}  # the lambda cannot be pickled

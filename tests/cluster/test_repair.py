@@ -72,6 +72,11 @@ def test_wiped_node_is_rebuilt_by_repair(cluster: LocalCluster, client: SyncClie
     done = json.loads(real.stdout)
     assert done["fragments_rebuilt"] == report["fragments_missing"]
     assert done["unrecoverable"] == []
+    # rebuilt fragments are written uncached (nobody is about to read them): every one
+    # on s3, restarted empty, where this kernel takes such writes
+    from tests.cluster.test_uncached_writes import node_counters
+    s3 = node_counters(cluster, "s3")
+    assert s3["uncached_writes_total"] == done["fragments_rebuilt"] * s3["uncached_writes_supported"]
     assert every_fragment_good(cluster) == []
     again = json.loads(run_cli(cluster, "repair", "--json").stdout)
     assert again["fragments_missing"] == 0

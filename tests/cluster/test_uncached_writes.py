@@ -1,0 +1,155 @@
+"""Uncached writes end to end, on real node processes: a fragment PUT with
+x-ecstore-uncached: 1 is written by the storage node without staying in its page cache
+(RWF_DONTCACHE) on the fast path and on aiohttp's route alike, a PUT without it as
+before; Client.put(cache=False) asks it of every node of the object and the object reads
+back whole. (The store's side - pages, reopen, a kernel that refuses - is
+tests/functional/test_uncached_writes.py.)"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cli.localcluster import LocalCluster, signed_request
+from node import zerocopy
+from node.fastpath import FAST_PATH_ENV
+from node.fragments import stored_fragments
+from store.client import SyncClient
+from store.striping import fragment_id
+from store.wire import FRAGMENT_META_HEADER, UNCACHED_HEADER, pack_header
+from tests.cluster.rawhttp import exchange
+from tests.cluster.rawhttp import signed_request as raw_request
+from tests.cluster.storagenode import SECRET, storage_node
+from tests.functional.test_uncached_writes import PAGE, SETTLE_S, dontcache_refusal
+
+MIB = 1024 * 1024
+
+
+def skip_unless_uncached_writes() -> None:
+    """Skip (naming why) where this kernel or filesystem takes no uncached write."""
+    with tempfile.TemporaryDirectory() as tmp:
+        why = dontcache_refusal(Path(tmp))
+    if why is not None:
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel_takes_uncached_writes() -> None:
+    skip_unless_uncached_writes()
+
+
+def counters(text: str) -> dict[str, float]:
+    return {m.group(1): float(m.group(2)) for m in re.finditer(
+        r"^ecstore_storage_(uncached_writes_total|uncached_writes_supported) (\S+)$", text, re.M)}
+
+
+def cached_pages(path: str, off: int, size: int) -> int:
+    """How many whole pages of a body at off..off+size are in the page cache."""
+    first, last = -(-off // PAGE), (off + size) // PAGE
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return sum(1 for p in range(first, last) if zerocopy.resident(fd, p * PAGE, PAGE))
+    finally:
+        os.close(fd)
+
+
+def settle_uncached(where: list[tuple[str, int, int]]) -> list[int]:
+    """Cached pages of each body, once none is left or SETTLE_S has passed (the kernel
+    drops an uncached write's pages as their writeback completes)."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        left = [cached_pages(*w) for w in where]
+        if not any(left) or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("fast", ["1", "0"], ids=["fast-path", "aiohttp"])
+def test_the_node_writes_a_fragment_uncached_only_when_asked(fast: str) -> None:
+    data = Path(tempfile.mkdtemp(prefix="ecstore-uncached-"))
+    body = os.urandom(MIB)
+    meta = {FRAGMENT_META_HEADER: pack_header({"crc32": 0})}
+    try:
+        with storage_node(64, {FAST_PATH_ENV: fast}, data) as node:
+            def put(fid: str, headers: dict[str, str]) -> int | None:
+                return exchange(node.port, "PUT", raw_request(
+                    SECRET, "PUT", f"/v1/fragments/{fid}", body, {**meta, **headers})).status
+
+            def scrape() -> dict[str, float]:
+                a = exchange(node.port, "GET", raw_request(SECRET, "GET", "/metrics"))
+                assert a.status == 200
+                return counters(a.body.decode())
+
+            assert scrape() == {"uncached_writes_total": 0, "uncached_writes_supported": 1}
+            assert put("f.cold", {UNCACHED_HEADER: "1"}) == 201
+            assert put("f.warm", {}) == 201
+            assert put("f.other", {UNCACHED_HEADER: "yes"}) == 201   # only "1" asks it
+            assert scrape()["uncached_writes_total"] == 1
+            found = stored_fragments(data)
+            assert settle_uncached([found["f.cold"]]) == [0]
+            assert cached_pages(*found["f.warm"]) == MIB // PAGE - 1   # all whole pages
+            got = exchange(node.port, "GET", raw_request(SECRET, "GET", "/v1/fragments/f.cold"))
+            assert got.status == 200 and got.body == body
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def uncached_cluster() -> Iterator[tuple[LocalCluster, SyncClient]]:
+    tmp = Path(tempfile.mkdtemp(prefix="ecstore-uncached-cluster-"))
+    c = LocalCluster.create(tmp, storage=6, control=3, k=4, m=2, gateway=False)
+    c.start()
+    client = SyncClient(c.path)
+    try:
+        client.create_bucket("uncached")
+        yield c, client
+    finally:
+        client.close()
+        c.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def node_counters(cluster: LocalCluster, node_id: str) -> dict[str, float]:
+    """A storage node's uncached-write counter and support gauge (one /metrics scrape)."""
+    n = cluster.nodes[node_id]
+    return counters(signed_request(cluster.secret, "GET", n.url, "/metrics").decode())
+
+
+def uncached_writes(cluster: LocalCluster) -> int:
+    """Fragments written uncached, all storage nodes together."""
+    return sum(int(node_counters(cluster, i)["uncached_writes_total"])
+               for i, n in cluster.nodes.items() if n.role == "storage")
+
+
+def bodies_on_disk(cluster: LocalCluster, version_id: str) -> list[tuple[str, int, int]]:
+    """(volume file, offset, length) of every fragment of the object's first segment."""
+    want = {fragment_id(version_id, 0, i) for i in range(6)}
+    out = []
+    for n in cluster.nodes.values():
+        if n.role == "storage":
+            out += [loc for fid, loc in stored_fragments(n.data).items() if fid in want]
+    return out
+
+
+def test_a_put_with_cache_false_is_written_uncached_on_every_node(
+        uncached_cluster: tuple[LocalCluster, SyncClient]) -> None:
+    cluster, client = uncached_cluster
+    cold, warm = os.urandom(3 * MIB), os.urandom(3 * MIB)
+    before = uncached_writes(cluster)
+    info_cold = client.put("uncached", "cold", cold, cache=False)
+    assert uncached_writes(cluster) - before == 6          # k + m fragments, one segment
+    info_warm = client.put("uncached", "warm", warm)
+    assert uncached_writes(cluster) - before == 6
+
+    cold_bodies = bodies_on_disk(cluster, info_cold.version_id)
+    warm_bodies = bodies_on_disk(cluster, info_warm.version_id)
+    assert len(cold_bodies) == len(warm_bodies) == 6
+    assert settle_uncached(cold_bodies) == [0] * 6
+    assert all(cached_pages(*w) > 0 for w in warm_bodies)
+    assert client.get("uncached", "cold") == cold and client.get("uncached", "warm") == warm

@@ -1,0 +1,123 @@
+"""Uncached fragment writes (FragmentStore.put(uncached=True): RWF_DONTCACHE, Linux 6.14+)
+on a real disk: the fragment is stored as any other - read back, found again after a
+reopen - but its pages leave the page cache once written, while a plain put's stay; a
+read caches it as usual; a kernel or filesystem that refuses the flag gets plain writes."""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from node import fragments, zerocopy
+from node.fragments import FragmentStore, stored_fragments
+from store.digest import digest
+
+MIB = 1024 * 1024
+PAGE = os.sysconf("SC_PAGE_SIZE")
+CHUNK = 16 * PAGE
+SETTLE_S = 10.0   # the kernel drops an uncached write's pages as their writeback completes
+
+
+def dontcache_refusal(directory: Path) -> str | None:
+    """Why this kernel and filesystem do not take an uncached write, or None if they do."""
+    if fragments.RWF_DONTCACHE is None or not zerocopy.available():
+        return "not Linux, or the page cache cannot be asked (neither cachestat nor mincore)"
+    path = directory / "probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.pwritev(fd, [b"x" * PAGE], 0, fragments.RWF_DONTCACHE)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+            return f"this kernel or filesystem has no RWF_DONTCACHE (Linux 6.14+): {exc}"
+        raise
+    finally:
+        os.close(fd)
+        path.unlink()
+    return None
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> FragmentStore:
+    why = dontcache_refusal(tmp_path)
+    if why is not None:
+        pytest.skip(why)
+    return FragmentStore(tmp_path / "s", fsync=True, reserve_bytes=0)
+
+
+def cached_chunks(data_dir: Path, fid: str) -> list[bool | None]:
+    """For each whole CHUNK inside fid's body on disk (the pages it shares with the
+    records beside it left out): is it all in the page cache?"""
+    path, off, size = stored_fragments(data_dir)[fid]
+    first = -(-off // PAGE) * PAGE
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return [zerocopy.resident(fd, at, CHUNK) for at in range(first, off + size - CHUNK, CHUNK)]
+    finally:
+        os.close(fd)
+
+
+def wait_uncached(data_dir: Path, fid: str) -> list[bool | None]:
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        chunks = cached_chunks(data_dir, fid)
+        if not any(chunks) or time.monotonic() > deadline:
+            return chunks
+        time.sleep(0.05)
+
+
+def test_an_uncached_put_is_stored_and_leaves_the_page_cache(store: FragmentStore) -> None:
+    rnd = random.Random(7)
+    cold, warm = rnd.randbytes(MIB), rnd.randbytes(MIB)
+    assert store.put("f.cold", cold, digest(cold), {"crc32": 1}, uncached=True) is False
+    assert store.put("f.warm", warm, digest(warm), {"crc32": 2}) is False
+    assert store.uncached_writes == 1 and store.uncached_flag == fragments.RWF_DONTCACHE
+
+    chunks = wait_uncached(store.data_dir, "f.cold")
+    assert len(chunks) >= 8 and not any(chunks), chunks
+    assert all(cached_chunks(store.data_dir, "f.warm"))
+
+    got = store.read("f.cold", False)   # from the disk, and cached as any read is
+    assert bytes(got.body) == cold and got.meta == {"crc32": 1}
+    assert all(cached_chunks(store.data_dir, "f.cold"))
+
+
+def test_uncached_fragments_are_found_again_after_a_reopen(store: FragmentStore) -> None:
+    bodies = {f"f.{i}": random.Random(i).randbytes(300_000) for i in range(4)}
+    for i, (fid, body) in enumerate(bodies.items()):
+        store.put(fid, body, digest(body), {"i": i}, uncached=i % 2 == 0)
+    again = FragmentStore(store.data_dir, fsync=True, reserve_bytes=0)   # as a restarted node opens it
+    for i, (fid, body) in enumerate(bodies.items()):
+        frag = again.read(fid, True)
+        assert bytes(frag.body) == body and frag.meta == {"i": i}
+
+
+def test_a_refused_uncached_write_is_written_through_the_page_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """An older kernel (EOPNOTSUPP for an unknown flag) or a filesystem without it: the
+    put succeeds as a plain write, the flag is dropped for good, and it is said once."""
+    real = os.pwritev
+    refused: list[int] = []
+
+    def old_kernel(fd: int, buffers: list[object], offset: int, flags: int = 0) -> int:
+        if flags:
+            refused.append(flags)
+            raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "pwritev", old_kernel)
+    monkeypatch.setattr(fragments, "RWF_DONTCACHE", 0x80)
+    store = FragmentStore(tmp_path / "s", fsync=True, reserve_bytes=0)
+    bodies = [random.Random(i).randbytes(200_000) for i in range(3)]
+    with caplog.at_level(logging.WARNING, logger="ecstore.fragments"):
+        for i, body in enumerate(bodies):
+            assert store.put(f"f.{i}", body, digest(body), {}, uncached=True) is False
+    assert refused == [0x80]                 # asked once, then plain writes
+    assert store.uncached_flag == 0 and store.uncached_writes == 0
+    assert [bytes(store.read(f"f.{i}", True).body) for i in range(3)] == bodies
+    said = [r.getMessage() for r in caplog.records if "uncached writes refused" in r.getMessage()]
+    assert len(said) == 1, said
