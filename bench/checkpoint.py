@@ -3,6 +3,7 @@ Checkpoint to ecstore (store/dcp.py), against the same state dicts written with 
 and read with torch.load on local disk.
 
     python -m bench.checkpoint [--quick] [--json PATH] [--ranks 4] [--mib-per-rank 256]
+                               [--cache-writes]
 
 Starts its own local cluster (6 storage + 3 control nodes, 4+2, fsync on) in a temporary
 directory and RANKS processes joined by gloo on 127.0.0.1. Each rank holds its own float32
@@ -10,13 +11,16 @@ tensors of TENSOR_MIB each (MIB_PER_RANK in all; --quick: 32 MiB a rank), as a f
 sharded model does. Every phase starts and ends with a barrier; its time is the wall time
 between them. Phases, in order:
 
-  ecstore DCP save     EcstoreWriter: each rank streams 4 shard objects at once; commit
+  ecstore DCP save     EcstoreWriter: each rank streams 4 shard objects at once, written
+                       uncached on the storage nodes (--cache-writes: kept in their page
+                       cache); commit
   ecstore DCP load     EcstoreReader: ranged gets of the needed items into preallocated tensors
   local torch.save     one file per rank, flushed and fsync'd before the phase ends
   local torch.load     torch.load(weights_only=True) of that file
   local DCP save/load  FileSystemWriter(sync_files=True) / FileSystemReader, for reference
 
-Loads run twice: warm (files in the page cache, as just written) and cold (every fragment
+Loads run twice: warm (files as just written: in the page cache, but for ecstore's
+shards written uncached) and cold (every fragment
 file of the cluster and every local file evicted with posix_fadvise(DONTNEED) first; the
 VM's host may still cache). Every load is checked tensor by tensor against what was saved.
 Prints a table and writes JSON (default bench/results/checkpoint.json).
@@ -95,7 +99,7 @@ def _evict(paths: list[Path]) -> int:
 
 def rank_main(rank: int, world: int, port: int, cluster_path: str, work: str, mib: int,
               objects_per_rank: int, reads_in_flight: int, only: str,
-              uncached_writes: bool = False) -> None:
+              cache_writes: bool = False) -> None:
     import datetime
 
     import torch
@@ -150,7 +154,7 @@ def rank_main(rank: int, world: int, port: int, cluster_path: str, work: str, mi
 
     def ecstore_save() -> None:
         with EcstoreWriter(cluster_path, BUCKET, PREFIX, "bench-1", objects_per_rank=objects_per_rank,
-                           cache_writes=not uncached_writes) as w:
+                           cache_writes=cache_writes) as w:
             dcp.save(state, storage_writer=w)
 
     def ecstore_load() -> dict[str, torch.Tensor]:
@@ -233,8 +237,8 @@ def run_ranks(cluster: LocalCluster, work: Path, args: argparse.Namespace, mib: 
                "--port", str(port), "--cluster", str(cluster.path), "--work", str(work),
                "--mib-per-rank", str(mib), "--objects-per-rank", str(args.objects_per_rank),
                "--reads-in-flight", str(args.reads_in_flight), "--only", args.only]
-        if args.uncached_writes:
-            cmd.append("--uncached-writes")
+        if args.cache_writes:
+            cmd.append("--cache-writes")
         with open(work / f"rank{rank}.log", "wb") as rank_log:
             procs.append(subprocess.Popen(cmd, cwd=root, env=env, stdout=rank_log, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL))
@@ -293,9 +297,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="EcstoreReader reads_in_flight (default %(default)s)")
     ap.add_argument("--only", choices=["all", "ecstore", "local"], default="all",
                     help="run only the ecstore or the local phases")
-    ap.add_argument("--uncached-writes", action="store_true",
-                    help="EcstoreWriter cache_writes=False: the storage nodes write the saved "
-                    "shards without keeping them in their page cache (Linux 6.14+)")
+    ap.add_argument("--cache-writes", action="store_true",
+                    help="EcstoreWriter cache_writes=True: the storage nodes keep the saved "
+                    "shards in their page cache (default: written uncached, Linux 6.14+)")
     ap.add_argument("--json", type=Path, default=Path("bench/results/checkpoint.json"))
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -305,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     mib = args.mib_per_rank or PROFILES["quick" if args.quick else "full"]
     if args.worker is not None:
         rank_main(args.worker, args.ranks, args.port, args.cluster, args.work, mib,
-                  args.objects_per_rank, args.reads_in_flight, args.only, args.uncached_writes)
+                  args.objects_per_rank, args.reads_in_flight, args.only, args.cache_writes)
         return 0
     t_start = time.perf_counter()
 
@@ -314,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
 
     meta: dict[str, Any] = {"ranks": args.ranks, "mib_per_rank": mib,
                             "objects_per_rank": args.objects_per_rank, "reads_in_flight": args.reads_in_flight,
-                            "uncached_writes": args.uncached_writes,
+                            "cache_writes": args.cache_writes,
                             "tensor_mib": min(mib, TENSOR_MIB),
                             "k": 4, "m": 2, "fsync": True, "python": sys.version.split()[0],
                             "platform": platform.platform(), "cpus": os.cpu_count(),

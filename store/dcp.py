@@ -304,15 +304,16 @@ class EcstoreWriter(_Storage, StorageWriter):
     already has `.metadata` is refused unless overwrite=True (which deletes that
     `.metadata` before any rank writes: the old generation is gone from then on).
     update_latest=False leaves the `latest` pointer alone (e.g. evaluation snapshots).
-    cache_writes=False writes the shards uncached (Client.put's cache=False: the storage
-    nodes do not keep them in their page cache, so a save does not push out the data set
-    the training reads; Linux 6.14+); by default they are written as any object.
+    The shards are written uncached (Client.put's cache=False: the storage nodes do not
+    keep them in their page cache, so a save does not push out the data set the training
+    reads; Linux 6.14+); cache_writes=True writes them as any object (a save that is read
+    back at once, say). `.metadata` and `latest` are written as usual.
     Raises (through DCP's CheckpointException) ecstore errors: Conflict, Unavailable, ...
     """
 
     def __init__(self, cluster: Cluster, bucket: str, prefix: str, generation: str | None = None, *,
                  objects_per_rank: int = OBJECTS_PER_RANK, overwrite: bool = False,
-                 update_latest: bool = True, cache_writes: bool = True) -> None:
+                 update_latest: bool = True, cache_writes: bool = False) -> None:
         if not 1 <= objects_per_rank <= MAX_OBJECTS_PER_RANK:
             raise BadRequest(f"objects_per_rank must be 1..{MAX_OBJECTS_PER_RANK}")
         self._fixed = None if generation is None else check_generation(generation)

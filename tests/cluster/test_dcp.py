@@ -356,21 +356,21 @@ def test_saving_over_a_complete_generation_is_refused_unless_overwrite(
         assert torch.equal(state["w"], torch.full((4,), value))
 
 
-def test_cache_writes_false_saves_every_shard_uncached(cluster: LocalCluster,
-                                                      client: SyncClient) -> None:
-    """EcstoreWriter(cache_writes=False): each shard object's fragments are written
-    uncached on their storage nodes (x-ecstore-uncached); the default writes them as any
-    object. Both load back."""
+def test_a_save_writes_every_shard_uncached_unless_cache_writes(cluster: LocalCluster,
+                                                                client: SyncClient) -> None:
+    """EcstoreWriter by default: each shard object's fragments are written uncached on
+    their storage nodes (x-ecstore-uncached); cache_writes=True writes them as any object.
+    Both load back."""
     from tests.cluster.test_uncached_writes import skip_unless_uncached_writes, uncached_writes
     skip_unless_uncached_writes()
     client.create_bucket("ckpt-uncached")
     state = {"w": torch.arange(3 << 20, dtype=torch.float32)}   # 12 MiB: 3 segments
     before = uncached_writes(cluster)
-    with EcstoreWriter(cluster.path, "ckpt-uncached", "p", "plain", objects_per_rank=1) as writer:
+    with EcstoreWriter(cluster.path, "ckpt-uncached", "p", "plain", objects_per_rank=1,
+                       cache_writes=True) as writer:
         dcp.save(state, storage_writer=writer, no_dist=True)
     assert uncached_writes(cluster) == before
-    with EcstoreWriter(cluster.path, "ckpt-uncached", "p", "cold", objects_per_rank=1,
-                       cache_writes=False) as writer:
+    with EcstoreWriter(cluster.path, "ckpt-uncached", "p", "cold", objects_per_rank=1) as writer:
         dcp.save(state, storage_writer=writer, no_dist=True)
     # the shard's segments (k + m fragments each); .metadata and latest are small, inline
     assert uncached_writes(cluster) - before >= 3 * 6
