@@ -229,7 +229,7 @@ async def cmd_put(c: Client, a: argparse.Namespace) -> int:
     bucket, key = split_path(a.path)
     if a.file == "-":
         info = await c.put(bucket, key, _file_chunks(sys.stdin.buffer, None, None),
-                           content_type=a.content_type)
+                           content_type=a.content_type, cache=not a.uncached)
     else:
         try:
             f = open(a.file, "rb")
@@ -243,10 +243,10 @@ async def cmd_put(c: Client, a: argparse.Namespace) -> int:
                 with progress:
                     task = progress.add_task(f"put {key}", total=size)
                     info = await c.put(bucket, key, _file_chunks(f, progress, task),
-                                       content_type=a.content_type)
+                                       content_type=a.content_type, cache=not a.uncached)
             else:
                 info = await c.put(bucket, key, _file_chunks(f, None, None),
-                                   content_type=a.content_type)
+                                   content_type=a.content_type, cache=not a.uncached)
     err.print(f"put {bucket}/{key}: {info.size} bytes, version {info.version_id}")
     return 0
 
@@ -513,6 +513,9 @@ def parser() -> argparse.ArgumentParser:
     put.add_argument("path", metavar="BUCKET/KEY")
     put.add_argument("file", nargs="?", default="-", help="file to upload, - for stdin")
     put.add_argument("--content-type", default="application/octet-stream")
+    put.add_argument("--uncached", action="store_true",
+                     help="the storage nodes write it without keeping it in their page "
+                     "cache (a backup, an archive: nobody reads it soon; Linux 6.14+)")
     put.set_defaults(func=with_client(cmd_put))
     get = sub.add_parser("get", help="write BUCKET/KEY to FILE (or stdout)")
     get.add_argument("path", metavar="BUCKET/KEY")

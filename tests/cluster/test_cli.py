@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from cli.localcluster import LocalCluster
+from tests.cluster.uncached import skip_unless_uncached_writes, uncached_writes
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -32,6 +35,20 @@ def workdir() -> Iterator[Path]:
     yield d
     ecstore("cluster", "down", cwd=d, ok=False)
     shutil.rmtree(d, ignore_errors=True)
+
+
+def test_put_uncached_asks_every_node_of_the_object_for_an_uncached_write(workdir: Path) -> None:
+    skip_unless_uncached_writes()
+    cluster = LocalCluster.load(workdir / ".ecstore")
+    ecstore("mb", "cli-uncached", cwd=workdir)
+    (workdir / "cold.bin").write_bytes(os.urandom(1 << 20))
+    before = uncached_writes(cluster)
+    ecstore("put", "cli-uncached/warm", "cold.bin", cwd=workdir)
+    assert uncached_writes(cluster) == before
+    ecstore("put", "cli-uncached/cold", "cold.bin", "--uncached", cwd=workdir)
+    assert uncached_writes(cluster) - before == 5          # k + m, one segment
+    out = ecstore("get", "cli-uncached/cold", "-", cwd=workdir).stdout
+    assert out == (workdir / "cold.bin").read_bytes()
 
 
 def test_cluster_json_names_every_node(workdir: Path) -> None:

@@ -41,6 +41,7 @@ from store.dcp import (  # noqa: E402
 )
 from store.errors import BadRequest, Conflict  # noqa: E402
 from store.listing import ListEntry  # noqa: E402
+from tests.cluster.uncached import skip_unless_uncached_writes, uncached_writes  # noqa: E402
 
 pytestmark = [pytest.mark.cluster,
               pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")]
@@ -361,7 +362,6 @@ def test_a_save_writes_every_shard_uncached_unless_cache_writes(cluster: LocalCl
     """EcstoreWriter by default: each shard object's fragments are written uncached on
     their storage nodes (x-ecstore-uncached); cache_writes=True writes them as any object.
     Both load back."""
-    from tests.cluster.test_uncached_writes import skip_unless_uncached_writes, uncached_writes
     skip_unless_uncached_writes()
     client.create_bucket("ckpt-uncached")
     state = {"w": torch.arange(3 << 20, dtype=torch.float32)}   # 12 MiB: 3 segments

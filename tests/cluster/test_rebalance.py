@@ -19,6 +19,7 @@ import pytest
 from cli.localcluster import LocalCluster
 from store.client import Client, SyncClient
 from tests.cluster.conftest import wait_for
+from tests.cluster.uncached import node_counters
 from tests.functional.harness import fragments_on_disk
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,7 +154,6 @@ def test_interrupted_rebalance_resumes(cluster: LocalCluster, objects: dict[str,
 
 def test_drain_a_node_loses_nothing_and_empties_it(cluster: LocalCluster,
                                                    objects: dict[str, bytes]) -> None:
-    from tests.cluster.test_uncached_writes import node_counters
     others = [i for i, n in cluster.nodes.items() if n.role == "storage" and i != "s4"]
     before = sum(node_counters(cluster, i)["uncached_writes_total"] for i in others)
     moving = len(fragments_on_disk(cluster.dir / "s4"))

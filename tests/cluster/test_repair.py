@@ -16,6 +16,7 @@ from store.client import Client, SyncClient
 from store.repair import expected_nodes
 from store.striping import fragment_id
 from tests.cluster.conftest import wait_for
+from tests.cluster.uncached import node_counters
 from tests.functional.harness import flip_last_byte, fragments_on_disk, lose_fragment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,7 +75,6 @@ def test_wiped_node_is_rebuilt_by_repair(cluster: LocalCluster, client: SyncClie
     assert done["unrecoverable"] == []
     # rebuilt fragments are written uncached (nobody is about to read them): every one
     # on s3, restarted empty, where this kernel takes such writes
-    from tests.cluster.test_uncached_writes import node_counters
     s3 = node_counters(cluster, "s3")
     assert s3["uncached_writes_total"] == done["fragments_rebuilt"] * s3["uncached_writes_supported"]
     assert every_fragment_good(cluster) == []

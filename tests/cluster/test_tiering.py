@@ -22,6 +22,7 @@ from cli.localcluster import LocalCluster
 from store.client import Client, SyncClient, expected_fragment_nodes
 from store.tiering import move_object
 from tests.cluster.s3_fixtures import ecstore
+from tests.cluster.uncached import node_counters
 from tests.functional.harness import fragments_on_disk
 
 MiB = 1024 * 1024
@@ -98,7 +99,6 @@ def test_idle_objects_go_cold_and_busy_ones_come_back(tiered: LocalCluster) -> N
         assert tiers_of(c, "data", "b.bin") == {"hot"}
     # a demotion writes uncached (nobody reads it now) where the kernel takes that: every
     # fragment the cold nodes hold is one of the two moves'
-    from tests.cluster.test_uncached_writes import node_counters
     cold = [i for i, n in tiered.nodes.items() if n.role == "storage" and n.tier == "cold"]
     held = sum(len(fragments_on_disk(tiered.nodes[i].data)) for i in cold)
     counted = [node_counters(tiered, i) for i in cold]

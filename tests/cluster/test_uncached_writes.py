@@ -7,17 +7,14 @@ tests/functional/test_uncached_writes.py.)"""
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from cli.localcluster import LocalCluster, signed_request
-from node import zerocopy
+from cli.localcluster import LocalCluster
 from node.fastpath import FAST_PATH_ENV
 from node.fragments import stored_fragments
 from store.client import SyncClient
@@ -26,48 +23,15 @@ from store.wire import FRAGMENT_META_HEADER, UNCACHED_HEADER, pack_header
 from tests.cluster.rawhttp import exchange
 from tests.cluster.rawhttp import signed_request as raw_request
 from tests.cluster.storagenode import SECRET, storage_node
-from tests.functional.test_uncached_writes import PAGE, SETTLE_S, dontcache_refusal
+from tests.cluster.uncached import counters, skip_unless_uncached_writes, uncached_writes
+from tests.functional.harness import cached_pages, settle_uncached, whole_pages
 
 MIB = 1024 * 1024
-
-
-def skip_unless_uncached_writes() -> None:
-    """Skip (naming why) where this kernel or filesystem takes no uncached write."""
-    with tempfile.TemporaryDirectory() as tmp:
-        why = dontcache_refusal(Path(tmp))
-    if why is not None:
-        pytest.skip(why)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel_takes_uncached_writes() -> None:
     skip_unless_uncached_writes()
-
-
-def counters(text: str) -> dict[str, float]:
-    return {m.group(1): float(m.group(2)) for m in re.finditer(
-        r"^ecstore_storage_(uncached_writes_total|uncached_writes_supported) (\S+)$", text, re.M)}
-
-
-def cached_pages(path: str, off: int, size: int) -> int:
-    """How many whole pages of a body at off..off+size are in the page cache."""
-    first, last = -(-off // PAGE), (off + size) // PAGE
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return sum(1 for p in range(first, last) if zerocopy.resident(fd, p * PAGE, PAGE))
-    finally:
-        os.close(fd)
-
-
-def settle_uncached(where: list[tuple[str, int, int]]) -> list[int]:
-    """Cached pages of each body, once none is left or SETTLE_S has passed (the kernel
-    drops an uncached write's pages as their writeback completes)."""
-    deadline = time.monotonic() + SETTLE_S
-    while True:
-        left = [cached_pages(*w) for w in where]
-        if not any(left) or time.monotonic() > deadline:
-            return left
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("fast", ["1", "0"], ids=["fast-path", "aiohttp"])
@@ -93,7 +57,7 @@ def test_the_node_writes_a_fragment_uncached_only_when_asked(fast: str) -> None:
             assert scrape()["uncached_writes_total"] == 1
             found = stored_fragments(data)
             assert settle_uncached([found["f.cold"]]) == [0]
-            assert cached_pages(*found["f.warm"]) == MIB // PAGE - 1   # all whole pages
+            assert cached_pages(*found["f.warm"]) == whole_pages(*found["f.warm"][1:])
             got = exchange(node.port, "GET", raw_request(SECRET, "GET", "/v1/fragments/f.cold"))
             assert got.status == 200 and got.body == body
     finally:
@@ -113,18 +77,6 @@ def uncached_cluster() -> Iterator[tuple[LocalCluster, SyncClient]]:
         client.close()
         c.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def node_counters(cluster: LocalCluster, node_id: str) -> dict[str, float]:
-    """A storage node's uncached-write counter and support gauge (one /metrics scrape)."""
-    n = cluster.nodes[node_id]
-    return counters(signed_request(cluster.secret, "GET", n.url, "/metrics").decode())
-
-
-def uncached_writes(cluster: LocalCluster) -> int:
-    """Fragments written uncached, all storage nodes together."""
-    return sum(int(node_counters(cluster, i)["uncached_writes_total"])
-               for i, n in cluster.nodes.items() if n.role == "storage")
 
 
 def bodies_on_disk(cluster: LocalCluster, version_id: str) -> list[tuple[str, int, int]]:

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -9,6 +12,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from cli.localcluster import signed_request
+from node import fragments, zerocopy
 from node.fragments import stored_fragments
 from node.logs import request_log
 from node.metrics import access_log_class
@@ -66,3 +70,52 @@ def lose_fragment(url: str, secret: str, fid: str) -> None:
     """A fragment lost from a running storage node's disk: deleted through the node,
     which is the only one that can forget it (its volume files are append-only)."""
     signed_request(secret, "DELETE", url, f"/v1/fragments/{fid}")
+
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+UNCACHED_SETTLE_S = 10.0   # the kernel drops an uncached write's pages as their writeback completes
+
+
+def dontcache_refusal(directory: Path) -> str | None:
+    """Why this kernel and filesystem do not take an uncached write (RWF_DONTCACHE), or
+    None if they do: a test skips with it (outside our control)."""
+    if fragments.RWF_DONTCACHE is None or not zerocopy.available():
+        return "not Linux, or the page cache cannot be asked (neither cachestat nor mincore)"
+    path = directory / "probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.pwritev(fd, [b"x" * PAGE], 0, fragments.RWF_DONTCACHE)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+            return f"this kernel or filesystem has no RWF_DONTCACHE (Linux 6.14+): {exc}"
+        raise
+    finally:
+        os.close(fd)
+        path.unlink()
+    return None
+
+
+def cached_pages(path: str, off: int, size: int) -> int:
+    """How many of the whole pages inside off..off+size of a file are in the page cache
+    (the pages it shares with the records beside it left out)."""
+    first, last = -(-off // PAGE), (off + size) // PAGE
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return sum(1 for p in range(first, last) if zerocopy.resident(fd, p * PAGE, PAGE))
+    finally:
+        os.close(fd)
+
+
+def whole_pages(off: int, size: int) -> int:
+    return (off + size) // PAGE - -(-off // PAGE)
+
+
+def settle_uncached(where: list[tuple[str, int, int]]) -> list[int]:
+    """cached_pages of each (file, offset, length), once none is left or
+    UNCACHED_SETTLE_S has passed."""
+    deadline = time.monotonic() + UNCACHED_SETTLE_S
+    while True:
+        left = [cached_pages(*w) for w in where]
+        if not any(left) or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)

@@ -8,37 +8,16 @@ import errno
 import logging
 import os
 import random
-import time
 from pathlib import Path
 
 import pytest
 
-from node import fragments, zerocopy
+from node import fragments
 from node.fragments import FragmentStore, stored_fragments
 from store.digest import digest
+from tests.functional.harness import cached_pages, dontcache_refusal, settle_uncached, whole_pages
 
 MIB = 1024 * 1024
-PAGE = os.sysconf("SC_PAGE_SIZE")
-CHUNK = 16 * PAGE
-SETTLE_S = 10.0   # the kernel drops an uncached write's pages as their writeback completes
-
-
-def dontcache_refusal(directory: Path) -> str | None:
-    """Why this kernel and filesystem do not take an uncached write, or None if they do."""
-    if fragments.RWF_DONTCACHE is None or not zerocopy.available():
-        return "not Linux, or the page cache cannot be asked (neither cachestat nor mincore)"
-    path = directory / "probe"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        os.pwritev(fd, [b"x" * PAGE], 0, fragments.RWF_DONTCACHE)
-    except OSError as exc:
-        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
-            return f"this kernel or filesystem has no RWF_DONTCACHE (Linux 6.14+): {exc}"
-        raise
-    finally:
-        os.close(fd)
-        path.unlink()
-    return None
 
 
 @pytest.fixture
@@ -49,27 +28,6 @@ def store(tmp_path: Path) -> FragmentStore:
     return FragmentStore(tmp_path / "s", fsync=True, reserve_bytes=0)
 
 
-def cached_chunks(data_dir: Path, fid: str) -> list[bool | None]:
-    """For each whole CHUNK inside fid's body on disk (the pages it shares with the
-    records beside it left out): is it all in the page cache?"""
-    path, off, size = stored_fragments(data_dir)[fid]
-    first = -(-off // PAGE) * PAGE
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return [zerocopy.resident(fd, at, CHUNK) for at in range(first, off + size - CHUNK, CHUNK)]
-    finally:
-        os.close(fd)
-
-
-def wait_uncached(data_dir: Path, fid: str) -> list[bool | None]:
-    deadline = time.monotonic() + SETTLE_S
-    while True:
-        chunks = cached_chunks(data_dir, fid)
-        if not any(chunks) or time.monotonic() > deadline:
-            return chunks
-        time.sleep(0.05)
-
-
 def test_an_uncached_put_is_stored_and_leaves_the_page_cache(store: FragmentStore) -> None:
     rnd = random.Random(7)
     cold, warm = rnd.randbytes(MIB), rnd.randbytes(MIB)
@@ -77,13 +35,13 @@ def test_an_uncached_put_is_stored_and_leaves_the_page_cache(store: FragmentStor
     assert store.put("f.warm", warm, digest(warm), {"crc32": 2}) is False
     assert store.uncached_writes == 1 and store.uncached_flag == fragments.RWF_DONTCACHE
 
-    chunks = wait_uncached(store.data_dir, "f.cold")
-    assert len(chunks) >= 8 and not any(chunks), chunks
-    assert all(cached_chunks(store.data_dir, "f.warm"))
+    found = stored_fragments(store.data_dir)
+    assert settle_uncached([found["f.cold"]]) == [0]
+    assert cached_pages(*found["f.warm"]) == whole_pages(*found["f.warm"][1:]) >= 255
 
     got = store.read("f.cold", False)   # from the disk, and cached as any read is
     assert bytes(got.body) == cold and got.meta == {"crc32": 1}
-    assert all(cached_chunks(store.data_dir, "f.cold"))
+    assert cached_pages(*found["f.cold"]) == whole_pages(*found["f.cold"][1:])
 
 
 def test_uncached_fragments_are_found_again_after_a_reopen(store: FragmentStore) -> None:

@@ -1,0 +1,38 @@
+"""Uncached writes as tests of a running cluster see them: each storage node's counter
+and support gauge (/metrics), and a skip, naming why, where the kernel has no such write."""
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from cli.localcluster import LocalCluster, signed_request
+from tests.functional.harness import dontcache_refusal
+
+
+def skip_unless_uncached_writes() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        why = dontcache_refusal(Path(tmp))
+    if why is not None:
+        pytest.skip(why)
+
+
+def counters(metrics_text: str) -> dict[str, float]:
+    """ecstore_storage_uncached_writes_total and _supported, from a /metrics page."""
+    return {m.group(1): float(m.group(2)) for m in re.finditer(
+        r"^ecstore_storage_(uncached_writes_total|uncached_writes_supported) (\S+)$",
+        metrics_text, re.M)}
+
+
+def node_counters(cluster: LocalCluster, node_id: str) -> dict[str, float]:
+    """One storage node's counters (one signed /metrics scrape)."""
+    n = cluster.nodes[node_id]
+    return counters(signed_request(cluster.secret, "GET", n.url, "/metrics").decode())
+
+
+def uncached_writes(cluster: LocalCluster) -> int:
+    """Fragments written uncached, all storage nodes together."""
+    return sum(int(node_counters(cluster, i)["uncached_writes_total"])
+               for i, n in cluster.nodes.items() if n.role == "storage")
