@@ -227,9 +227,9 @@ def _progress() -> Progress:
 
 async def cmd_put(c: Client, a: argparse.Namespace) -> int:
     bucket, key = split_path(a.path)
+    options: dict[str, Any] = {"content_type": a.content_type, "cache": not a.uncached}
     if a.file == "-":
-        info = await c.put(bucket, key, _file_chunks(sys.stdin.buffer, None, None),
-                           content_type=a.content_type, cache=not a.uncached)
+        info = await c.put(bucket, key, _file_chunks(sys.stdin.buffer, None, None), **options)
     else:
         try:
             f = open(a.file, "rb")
@@ -242,11 +242,9 @@ async def cmd_put(c: Client, a: argparse.Namespace) -> int:
             if progress is not None:
                 with progress:
                     task = progress.add_task(f"put {key}", total=size)
-                    info = await c.put(bucket, key, _file_chunks(f, progress, task),
-                                       content_type=a.content_type, cache=not a.uncached)
+                    info = await c.put(bucket, key, _file_chunks(f, progress, task), **options)
             else:
-                info = await c.put(bucket, key, _file_chunks(f, None, None),
-                                   content_type=a.content_type, cache=not a.uncached)
+                info = await c.put(bucket, key, _file_chunks(f, None, None), **options)
     err.print(f"put {bucket}/{key}: {info.size} bytes, version {info.version_id}")
     return 0
 

@@ -68,7 +68,7 @@ from store.auth import CHECKSUM_HEADER, verify
 from store.errors import EcstoreError
 from store.transport import REQUEST_ID_HEADER, REQUEST_ID_RE, new_request_id
 from store.wire import FRAGMENT_META_HEADER as META_HEADER
-from store.wire import UNCACHED_HEADER, unpack_header
+from store.wire import uncached_requested, unpack_header
 
 log = logging.getLogger("ecstore.node")
 
@@ -548,7 +548,7 @@ class FragmentRoutes(Routes):
         fid, meta = req.arg
         fut = self.puts.submit(fid, body if body is not None else bytearray(),
                                req.headers.get(CHECKSUM_HEADER, ""), meta,
-                               req.headers.get(UNCACHED_HEADER) == "1")
+                               uncached_requested(req.headers))
         conn.wait(fut, req, lambda r, f: self._put_done(conn, r, f))
 
     def _get(self, conn: FastConn, req: Request) -> None:

@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiohttp import web
 
@@ -53,7 +53,7 @@ from store.errors import Unavailable
 from store.transport import retrieved
 from store.wire import FRAGMENT_CRC_HEADER as CRC_HEADER
 from store.wire import FRAGMENT_META_HEADER as META_HEADER
-from store.wire import UNCACHED_HEADER, pack, pack_header, unpack_header
+from store.wire import pack, pack_header, uncached_requested, unpack_header
 
 log = logging.getLogger("ecstore.storage")
 MAX_FRAGMENT_BYTES = 80 * 1024 * 1024
@@ -103,6 +103,16 @@ async def _in_thread(fn: Any, *args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
+class _Put(NamedTuple):
+    """One fragment put waiting in PutQueue for the writer thread."""
+    fid: str
+    body: Any
+    checksum: str
+    meta: dict[str, Any]
+    uncached: bool
+    fut: asyncio.Future[bool]
+
+
 class PutQueue:
     """Fragment puts, written by one thread in batches: the puts that arrive while a
     batch is written go together in the next - each record appended, one fdatasync per
@@ -114,7 +124,7 @@ class PutQueue:
     def __init__(self, store: FragmentStore) -> None:
         self.store = store
         self._cv = threading.Condition()
-        self._queue: list[tuple[str, Any, str, dict[str, Any], bool, asyncio.Future[bool]]] = []
+        self._queue: list[_Put] = []
         self._closed = False
         self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._run, name="fragment-writer", daemon=True)
@@ -135,7 +145,7 @@ class PutQueue:
         with self._cv:
             if self._closed:
                 raise Unavailable("storage node shutting down")
-            self._queue.append((fid, body, checksum, meta, uncached, fut))
+            self._queue.append(_Put(fid, body, checksum, meta, uncached, fut))
             self._cv.notify()
         # a caller that goes away (its client hung up) leaves the put to finish, as a
         # pool thread would have: the answer is dropped (and an error seen here)
@@ -168,25 +178,25 @@ class PutQueue:
                         self.store.abandon(w)
                 err = exc if isinstance(exc, Exception) else RuntimeError("write interrupted")
                 done = {id(f) for f, _ in results}
-                results += [(b[5], err) for b in batch if id(b[5]) not in done]
+                results += [(p.fut, err) for p in batch if id(p.fut) not in done]
             self.batches += 1
             self.puts += len(batch)
             with contextlib.suppress(RuntimeError):   # the loop closed: nobody is waiting
                 self._loop.call_soon_threadsafe(_settle, results)
 
-    def _write(self, batch: list[tuple[str, Any, str, dict[str, Any], bool, asyncio.Future[bool]]],
+    def _write(self, batch: list[_Put],
                results: list[tuple[asyncio.Future[bool], bool | BaseException]],
                written: list[tuple[Written, asyncio.Future[bool]]]) -> None:
         """Append every record, sync each volume once, then commit or give up each one:
         `results` gets every put's answer, `written` holds the records appended and not
         yet committed or given up (taken off one at a time)."""
         store = self.store
-        for fid, body, checksum, meta, uncached, fut in batch:
+        for p in batch:
             try:
-                written.append((store.write_record(fid, body, checksum, meta,
-                                                   uncached=uncached), fut))
+                written.append((store.write_record(p.fid, p.body, p.checksum, p.meta,
+                                                   uncached=p.uncached), p.fut))
             except Exception as exc:  # noqa: BLE001 - this put's answer
-                results.append((fut, exc))
+                results.append((p.fut, exc))
         failed: dict[int, OSError] = {}
         if store.fsync:
             for vol in {id(w.vol): w.vol for w, _ in written}.values():
@@ -222,7 +232,7 @@ async def put_fragment(request: web.Request) -> web.Response:
     meta = unpack_header(request.headers.get(META_HEADER))
     body = await read_body(request)
     replaced = await request.app[PUTS].put(request.match_info["fid"], body, checksum, meta,
-                                           request.headers.get(UNCACHED_HEADER) == "1")
+                                           uncached_requested(request.headers))
     return web.Response(status=200 if replaced else 201)
 
 

@@ -38,7 +38,15 @@ from store.metadata import MetaQuorum, effective_quorums, first_answers
 from store.names import SYSTEM_BUCKETS, check_bucket_name, check_key
 from store.striping import Extent, extent_slices, fragment_id, plan_fetches, record_extents, resolve_range
 from store.transport import LoopBound, Transport, operation, quote_key, retrieved, traced_stream
-from store.wire import FRAGMENT_CRC_HEADER, FRAGMENT_META_HEADER, UNCACHED_HEADER, pack, pack_header, unpack
+from store.wire import (
+    FRAGMENT_CRC_HEADER,
+    FRAGMENT_META_HEADER,
+    UNCACHED,
+    UNCACHED_HEADER,
+    pack,
+    pack_header,
+    unpack,
+)
 
 FRAGMENT_TIMEOUT_S = 30.0
 STRAGGLER_MIN_S = 2.0          # a fragment put this far behind its segment's k-th goes to a handoff
@@ -586,7 +594,7 @@ class Client(LoopBound):
         meta = {**meta, "crc32": crc32(body)}   # what readers check (FRAGMENT_CRC_HEADER)
         headers = {FRAGMENT_META_HEADER: pack_header(meta)}
         if not cache:
-            headers[UNCACHED_HEADER] = "1"
+            headers[UNCACHED_HEADER] = UNCACHED
         await self.t.request("PUT", node.address, f"/v1/fragments/{fid}", body=body,
                              checksum=checksum, timeout_s=FRAGMENT_TIMEOUT_S, headers=headers)
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from typing import Any
 
 import msgpack
@@ -41,6 +42,12 @@ MAX_META_HEADER_BYTES = 4096
 # write) - for bytes nobody is about to read back: checkpoints, repair, rebalance. The
 # write is as durable either way; a later read caches the fragment as any read does.
 UNCACHED_HEADER = "x-ecstore-uncached"
+UNCACHED = "1"
+
+
+def uncached_requested(headers: Mapping[str, str]) -> bool:
+    """A fragment PUT's request for an uncached write (both of a storage node's paths)."""
+    return headers.get(UNCACHED_HEADER) == UNCACHED
 
 
 def pack_header(value: dict[str, Any]) -> str:

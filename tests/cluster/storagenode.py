@@ -9,7 +9,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,24 @@ class Node:
     port: int
     proc: subprocess.Popen[bytes]
     log: Path
+
+
+def logged(node: Node, pick: Callable[[str, dict[str, str]], tuple[str, ...] | None],
+           at_least: int = 0) -> list[tuple[str, ...]]:
+    """What `pick(line, its key=value fields)` makes of each line of the node's log (None:
+    left out); once there are `at_least` (the log is written in batches, at most 0.2 s
+    apart: on a loaded machine later), at most 10 s."""
+    deadline = time.monotonic() + 10.0
+    time.sleep(0.3)
+    while True:
+        out = []
+        for line in node.log.read_text(errors="replace").splitlines():
+            got = pick(line, dict(kv.split("=", 1) for kv in line.split() if "=" in kv))
+            if got is not None:
+                out.append(got)
+        if len(out) >= at_least or time.monotonic() > deadline:
+            return out
+        time.sleep(0.1)
 
 
 @contextlib.contextmanager

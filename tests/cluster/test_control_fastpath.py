@@ -21,7 +21,7 @@ from store.digest import digest
 from store.transport import Transport, quote_key
 from store.wire import pack, unpack
 from tests.cluster.rawhttp import Conn, converse, exchange, first_answer, signed_request
-from tests.cluster.storagenode import SECRET, Node, control_node
+from tests.cluster.storagenode import SECRET, Node, control_node, logged
 
 
 @pytest.fixture(scope="module")
@@ -64,21 +64,15 @@ def metrics(node: Node) -> dict[str, float]:
 
 def log_lines(node: Node, at_least: int = 0) -> list[tuple[str, ...]]:
     """(method, op, status, bytes_in, bytes_out) of each record request logged, and
-    (items, request_ids) of each batch line; once there are `at_least` (the log is
-    written in batches, at most 0.2 s apart: on a loaded machine later), at most 10 s."""
-    deadline = time.monotonic() + 10.0
-    time.sleep(0.3)
-    while True:
-        out: list[tuple[str, ...]] = []
-        for line in node.log.read_text(errors="replace").splitlines():
-            f = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
-            if "ecstore.request" in line and "_object" in f.get("op", ""):
-                out.append((f["method"], f["op"], f["status"], f["bytes_in"], f["bytes_out"]))
-            elif " batch " in line:
-                out.append(("batch", f.get("items", "?"), f.get("request_ids", "?")))
-        if len(out) >= at_least or time.monotonic() > deadline:
-            return out
-        time.sleep(0.1)
+    (items, request_ids) of each batch line (once there are `at_least`:
+    storagenode.logged)."""
+    def pick(line: str, f: dict[str, str]) -> tuple[str, ...] | None:
+        if "ecstore.request" in line and "_object" in f.get("op", ""):
+            return (f["method"], f["op"], f["status"], f["bytes_in"], f["bytes_out"])
+        if " batch " in line:
+            return ("batch", f.get("items", "?"), f.get("request_ids", "?"))
+        return None
+    return logged(node, pick, at_least)
 
 
 # ---- the same answers as aiohttp's --------------------------------------------------------

@@ -24,7 +24,7 @@ from store.auth import CHECKSUM_HEADER
 from store.digest import digest
 from store.wire import FRAGMENT_CRC_HEADER, FRAGMENT_META_HEADER, pack_header
 from tests.cluster.rawhttp import Conn, converse, exchange, first_answer, signed_request
-from tests.cluster.storagenode import SECRET, Node, storage_node
+from tests.cluster.storagenode import SECRET, Node, logged, storage_node
 
 TIMEOUT_S = 10.0
 
@@ -67,20 +67,13 @@ def metrics(node: Node) -> dict[str, float]:
 
 
 def request_lines(node: Node, at_least: int = 0) -> list[tuple[str, ...]]:
-    """(method, op, status, bytes_in, bytes_out) of each fragment request logged; once
-    there are `at_least` (the log is written in batches, at most 0.2 s apart: on a loaded
-    machine later), at most 10 s."""
-    deadline = time.monotonic() + 10.0
-    time.sleep(0.3)
-    while True:
-        out = []
-        for line in node.log.read_text(errors="replace").splitlines():
-            if "ecstore.request" in line and "_fragment" in line:
-                f = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
-                out.append((f["method"], f["op"], f["status"], f["bytes_in"], f["bytes_out"]))
-        if len(out) >= at_least or time.monotonic() > deadline:
-            return out
-        time.sleep(0.1)
+    """(method, op, status, bytes_in, bytes_out) of each fragment request logged (once
+    there are `at_least`: storagenode.logged)."""
+    def pick(line: str, f: dict[str, str]) -> tuple[str, ...] | None:
+        if "ecstore.request" in line and "_fragment" in line:
+            return (f["method"], f["op"], f["status"], f["bytes_in"], f["bytes_out"])
+        return None
+    return logged(node, pick, at_least)
 
 
 # ---- the same answers as aiohttp's --------------------------------------------------------
