@@ -557,11 +557,13 @@ class FragmentRoutes(Routes):
         if cached is not None:
             self._send_cached(conn, req, cached)
             return
-        frag = store.read_cached(fid)
+        uncached = uncached_requested(req.headers)
+        frag = None if uncached else store.read_cached(fid)
         if frag is not None:
             self._send_fragment(conn, req, frag)
             return
-        conn.wait(asyncio.get_running_loop().run_in_executor(None, store.read, fid, False),
+        conn.wait(asyncio.get_running_loop().run_in_executor(None, store.read, fid, False,
+                                                             uncached),
                   req, lambda r, f: self._send_fragment(conn, r, f.result()))
 
     def _send_fragment(self, conn: FastConn, req: Request, frag: Fragment) -> None:

@@ -61,7 +61,7 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -88,10 +88,12 @@ DEFAULT_VOLUME_BYTES = 1024 ** 3           # a volume takes no new records past 
 COMPACT_LIVE_FRACTION = 0.5                # compact a full volume once less is live
 MIGRATE_BATCH_BYTES = 256 * 1024 ** 2      # old fragment files moved per sync
 LIST_SNAPSHOT_S = 60.0                     # a listing's sorted ids are reused this long
+DROP_BACK_BYTES = 2 * 1024 ** 2            # the largest page-cache folio (drop_written)
 _RWF_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None) if hasattr(os, "preadv") else None
-# Linux 6.14's uncached buffered write (include/uapi/linux/fs.h; Python 3.11's os module
-# predates it): the pages are written back and dropped from the page cache as the write
-# completes, instead of staying there and pushing out what readers use.
+# Linux 6.14's uncached buffered I/O (include/uapi/linux/fs.h; Python 3.11's os module
+# predates it): the pages a write dirties are written back and dropped from the page cache
+# as it completes, the pages a read brings in are dropped once copied - instead of staying
+# there and pushing out what readers use. Pages cached before stay cached.
 RWF_DONTCACHE: int | None = getattr(os, "RWF_DONTCACHE", 0x80) if sys.platform == "linux" else None
 FRAGMENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
 
@@ -128,6 +130,7 @@ class Written(NamedTuple):
     off: int
     length: int
     seq: int
+    drop: bool = False   # asked uncached, written plain: dropped from the cache once synced
 
 
 class Volume:
@@ -136,7 +139,7 @@ class Volume:
     while a compaction retires the volume."""
 
     __slots__ = ("vid", "path", "fd", "salt", "min_seq", "end", "live_bytes", "writers",
-                 "_salt_crc", "_sync_cv", "_ticket", "_synced", "_syncing")
+                 "dropped", "_salt_crc", "_sync_cv", "_ticket", "_synced", "_syncing")
 
     def __init__(self, vid: int, path: str, fd: int, salt: bytes, min_seq: int,
                  end: int) -> None:
@@ -146,6 +149,7 @@ class Volume:
         self.end = end              # where the next record goes (reserved, maybe unwritten)
         self.live_bytes = 0         # bytes of records the index points at
         self.writers = 0            # puts and deletes with a place reserved, not done yet
+        self.dropped = (0, 0)       # the last run of records drop_written dropped, end to end
         self._sync_cv = threading.Condition()
         self._ticket = self._synced = 0
         self._syncing = False
@@ -153,6 +157,26 @@ class Volume:
     def __del__(self) -> None:
         with contextlib.suppress(OSError, AttributeError):
             os.close(self.fd)
+
+    @contextlib.contextmanager
+    def without_readahead(self) -> Iterator[int]:
+        """A descriptor of the file for one read that the kernel does not read ahead of
+        (POSIX_FADV_RANDOM holds for one open file, not for the fd every other read
+        uses), closed after: an uncached read of a record reads that record, not the
+        records after it into the page cache. Opened through /proc/self/fd (a file
+        compaction unlinked still opens); the usual fd where that cannot be done (no
+        descriptor left, not Linux), readahead and all."""
+        try:
+            fd = os.open(f"/proc/self/fd/{self.fd}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            fd = -1
+        try:
+            if fd >= 0:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            yield fd if fd >= 0 else self.fd
+        finally:
+            if fd >= 0:
+                os.close(fd)
 
     def header_crc(self, header: bytes | memoryview) -> int:
         return zlib.crc32(header, self._salt_crc)
@@ -248,10 +272,11 @@ class FragmentStore:
         self._listing: tuple[float, builtins.list[str]] | None = None   # (made, sorted ids)
         self._seq = 0
         self.count = self.bytes = self.quarantined = 0
-        # the flag of an uncached write (0 once the kernel or filesystem refused it: those
-        # writes go through the page cache), and how many were written uncached
+        # the flag of an uncached write or read (0 once the kernel or filesystem refused
+        # it: writes then go through the page cache, reads are dropped from it after), and
+        # how many were written and read uncached
         self.uncached_flag = RWF_DONTCACHE or 0
-        self.uncached_writes = 0
+        self.uncached_writes = self.uncached_reads = 0
         t0 = time.monotonic()
         self._open_volumes()
         migrated = self._migrate_files()
@@ -448,12 +473,12 @@ class FragmentStore:
             vol, off = self._reserve(length, seq)   # vol may be new: made after seq
         try:
             prefix = RECORD_PREFIX.pack(RECORD_MAGIC, len(header), vol.header_crc(header))
-            self._write(vol, off, [prefix, header, body], length, uncached)
+            dropped = self._write(vol, off, [prefix, header, body], length, uncached)
         except BaseException:
             with self._lock:
                 self._done(vol)
             raise
-        return Written(fid, vol, off, length, seq)
+        return Written(fid, vol, off, length, seq, uncached and not dropped)
 
     def abandon(self, w: Written) -> None:
         """A written record that will not be committed (its sync failed)."""
@@ -485,7 +510,25 @@ class FragmentStore:
                     self.bytes -= loc_length(old)
             finally:    # the write is done in the same locked step as the index: no gap
                 self._done(vol)     # between, and done exactly once whatever happened
+        if w.drop:
+            self.drop_written(vol, w.off, length)
         return old is not None
+
+    def drop_written(self, vol: Volume, offset: int, length: int) -> None:
+        """An uncached write the kernel could not do (no RWF_DONTCACHE), once synced: its
+        pages dropped from the page cache (POSIX_FADV_DONTNEED; clean pages go at once,
+        dirty ones - fsync off - are only sent to the disk: best effort). The kernel
+        drops only the folios wholly inside the range, and a large folio (up to 2 MiB)
+        can hold the end of the record before: when that one was dropped too (the run of
+        uncached records goes on), the range reaches back into it."""
+        if not hasattr(os, "posix_fadvise"):
+            return
+        with self._lock:
+            run_from, run_to = vol.dropped
+            start = max(run_from, offset - DROP_BACK_BYTES) if run_to == offset else offset
+            vol.dropped = (run_from if run_to == offset else offset, offset + length)
+        os.posix_fadvise(vol.fd, start, offset + length - start, os.POSIX_FADV_DONTNEED)
+        self.uncached_writes += 1
 
     def _reserve(self, length: int, seq: int) -> tuple[Volume, int]:
         """The volume and offset for a record of `length` bytes, counted among the
@@ -505,19 +548,21 @@ class FragmentStore:
             self._written.notify_all()
 
     def _write(self, vol: Volume, off: int, parts: list[Any], length: int,
-               uncached: bool = False) -> None:
+               uncached: bool = False) -> bool:
         """Write a record's parts at off; a short write (the disk filling) is finished or
         fails with ENOSPC. A failed write's record is unmarked (its magic zeroed, where
         those bytes made it to the disk), so the open-time scan skips it rather than take
         a whole header over a cut-short body; reads never point at it. `uncached`: with
-        uncached_flag, which is turned off for good the first time it is refused."""
+        uncached_flag, which is turned off for good the first time it is refused; True if
+        the kernel wrote it so (else the caller drops it once synced: drop_written)."""
         try:
-            written = self._pwritev(vol.fd, parts, off, uncached)
+            written, dropped = self._pwritev(vol.fd, parts, off, uncached)
             if written < length:
                 rest = memoryview(b"".join(bytes(p) for p in parts))[written:]
                 while rest:
                     n = os.pwrite(vol.fd, rest, off + length - len(rest))
                     rest = rest[n:]
+            return dropped
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.pwrite(vol.fd, bytes(len(RECORD_MAGIC)), off)
@@ -525,22 +570,29 @@ class FragmentStore:
                 raise InsufficientStorage("no space left on device") from None
             raise
 
-    def _pwritev(self, fd: int, parts: list[Any], off: int, uncached: bool) -> int:
+    def _pwritev(self, fd: int, parts: list[Any], off: int, uncached: bool) -> tuple[int, bool]:
+        """Bytes written, and whether with RWF_DONTCACHE."""
         flag = self.uncached_flag if uncached else 0
         if not flag:
-            return os.pwritev(fd, parts, off)
+            return os.pwritev(fd, parts, off), False
         try:
             written = os.pwritev(fd, parts, off, flag)
         except OSError as exc:
             if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                 raise
-            if self.uncached_flag:   # once: an older kernel, or a filesystem without it
-                log.warning("uncached writes refused here (%s): fragments are written "
-                            "through the page cache", os.strerror(exc.errno))
-                self.uncached_flag = 0
-            return os.pwritev(fd, parts, off)
+            self._refused(exc)
+            return os.pwritev(fd, parts, off), False
         self.uncached_writes += 1
-        return written
+        return written, True
+
+    def _refused(self, exc: OSError) -> None:
+        """RWF_DONTCACHE was refused: plain writes and reads from now on, said once (an
+        older kernel, or a filesystem without it)."""
+        if self.uncached_flag:
+            log.warning("uncached writes refused here (%s): fragments are written through "
+                        "the page cache and dropped from it once synced, and what uncached "
+                        "reads bring in is dropped after", os.strerror(exc.errno or 0))
+            self.uncached_flag = 0
 
     def _append_tombstone(self, fid: str) -> tuple[Volume, int, list[bytes], int]:
         """Reserve a tombstone for fid in the active volume; under self._lock. The caller
@@ -595,10 +647,10 @@ class FragmentStore:
                 raise NotFound(f"fragment {fid} not found")
             return loc, self._volumes[loc_vid(loc)]
 
-    def read(self, fid: str, verify: bool = True) -> Fragment:
+    def read(self, fid: str, verify: bool = True, uncached: bool = False) -> Fragment:
         """Read (and with verify, check) one fragment; NotFound, or Corrupt after
-        quarantining it."""
-        raw, loc = self.read_raw(fid)
+        quarantining it. `uncached`: as pread_uncached."""
+        raw, loc = self.read_raw(fid, uncached)
         try:
             return parse_fragment(fid, raw, verify)
         except Corrupt:
@@ -649,11 +701,52 @@ class FragmentStore:
             return None
         return CachedBody(vol, checksum, meta, off + start, size)
 
-    def read_raw(self, fid: str) -> tuple[bytes, Loc]:
+    def read_raw(self, fid: str, uncached: bool = False) -> tuple[bytes | bytearray, Loc]:
         """A fragment's whole record, unchecked, and where it was read from (for
-        quarantine_fragment); NotFound."""
+        quarantine_fragment); NotFound. `uncached`: as pread_uncached."""
         loc, vol = self._locate(fid)
+        if uncached:
+            return self.pread_uncached(vol, loc_length(loc), loc_off(loc)), loc
         return pread_padded(vol.fd, loc_length(loc), loc_off(loc)), loc
+
+    def pread_uncached(self, vol: Volume, length: int, offset: int) -> bytes | bytearray:
+        """pread_padded for a reader nobody will follow soon (the scrubber, compaction, a
+        repair's or rebalance's source): the page cache keeps what it held and nothing
+        more. Read through the volume's without_readahead, so no readahead brings in the
+        records after it. With uncached_flag (RWF_DONTCACHE) the kernel drops the pages this read
+        brings in; where it refuses the flag, a range that was not all cached before is
+        dropped after the read (POSIX_FADV_DONTNEED: its pages that were cached go too -
+        best effort), and one the kernel cannot say about is left as read."""
+        with vol.without_readahead() as fd:
+            return self._pread_uncached(fd, length, offset)
+
+    def _pread_uncached(self, fd: int, length: int, offset: int) -> bytes | bytearray:
+        if self.uncached_flag:
+            raw = unfilled(length)
+            try:
+                got = os.preadv(fd, [raw], offset, self.uncached_flag)
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                self._refused(exc)
+            else:
+                if got < length:   # past the file's end: zeros, as pread_padded
+                    raw[got:] = bytes(length - got)
+                self.uncached_reads += 1
+                return raw
+        before = zerocopy.resident(fd, offset, length)
+        raw_bytes = pread_padded(fd, length, offset)
+        if before is False:
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+            self.uncached_reads += 1
+        return raw_bytes
+
+    def record_at(self, fid: str) -> tuple[str, int, int]:
+        """(volume file, offset, length) of a stored fragment's whole record, from the
+        index alone - nothing read, so the page cache is left as it is (tests of it);
+        NotFound."""
+        loc, vol = self._locate(fid)
+        return vol.path, loc_off(loc), loc_length(loc)
 
     def locate(self, fid: str) -> tuple[str, int, int]:
         """(volume file, offset of the body, body length) of a stored fragment: for
@@ -774,7 +867,7 @@ class FragmentStore:
         live record the scan cannot see (its header damaged since it was written) is
         found by walking the index before the volume may go, and quarantined: a copy
         would give its damaged header a fresh checksum."""
-        records, _, _ = _scan_records(vol, vol.end)
+        records, _, _ = _scan_records(vol, vol.end, heads_only=True)
         live: builtins.list[tuple[str, Loc]] = []
         tombs: builtins.list[tuple[str, Loc]] = []
         for i in range(0, len(records), 4096):    # the lock held a few ms at a time
@@ -828,16 +921,24 @@ class FragmentStore:
         work += [(f, loc, True) for f, loc in tombs if floor is not None and floor < loc_seq(loc)]
         moved: builtins.list[tuple[str, Loc, Loc, bool]] = []
         dests: dict[int, Volume] = {}
+        to_drop: builtins.list[tuple[Volume, int, int]] = []   # cold copies written plain
         for fid, loc, deleted in work:
-            raw = os.pread(vol.fd, loc_length(loc), loc_off(loc))
+            # a record in the page cache (being read) is copied through it; the others,
+            # read and written uncached, leave the cache as it was
+            hot = zerocopy.resident(vol.fd, loc_off(loc), loc_length(loc)) is not False
+            if hot:
+                raw: bytes | bytearray = os.pread(vol.fd, loc_length(loc), loc_off(loc))
+            else:
+                raw = self.pread_uncached(vol, loc_length(loc), loc_off(loc))
             _, hlen, _ = RECORD_PREFIX.unpack_from(raw)
             header = memoryview(raw)[RECORD_PREFIX.size:RECORD_PREFIX.size + hlen]
             with self._lock:
                 dest, off = self._reserve(loc_length(loc), loc_seq(loc))
             try:
                 prefix = RECORD_PREFIX.pack(RECORD_MAGIC, hlen, dest.header_crc(header))
-                self._write(dest, off, [prefix, memoryview(raw)[RECORD_PREFIX.size:]],
-                            loc_length(loc))
+                if not self._write(dest, off, [prefix, memoryview(raw)[RECORD_PREFIX.size:]],
+                                   loc_length(loc), uncached=not hot) and not hot:
+                    to_drop.append((dest, off, loc_length(loc)))
             finally:
                 with self._lock:
                     self._done(dest)
@@ -849,6 +950,8 @@ class FragmentStore:
         if self.fsync:
             for dest in dests.values():
                 dest.sync()
+        for dest, off, length in to_drop:
+            self.drop_written(dest, off, length)
         with self._lock:
             for fid, old, new, deleted in moved:
                 table = self._tombs if deleted else self._index
@@ -877,16 +980,21 @@ def _open_volume(vid: int, path: str, flags: int) -> Volume | None:
     return Volume(vid, path, fd, salt, made_seq, os.fstat(fd).st_size)
 
 
-def _scan_records(vol: Volume, size: int
+def _scan_records(vol: Volume, size: int, heads_only: bool = False
                   ) -> tuple[list[tuple[int, str, int, bool, int]], int, int]:
     """Every whole, checked record of a volume file of `size` bytes, as (offset, fid,
-    seq, deleted, length); the end of the last one; bytes skipped between records."""
+    seq, deleted, length); the end of the last one; bytes skipped between records.
+    `heads_only`: the disk read a page at a time (MADV_RANDOM: no read-around), so that
+    the scan brings the pages of its record heads into the page cache and not the bodies
+    around them (compaction asks the cache afterwards which records were being read)."""
     records: list[tuple[int, str, int, bool, int]] = []
     pos = good_end = VOLUME_HEADER.size
     skipped = 0
     if size <= pos:
         return records, good_end, skipped
     mm = mmap.mmap(vol.fd, size, access=mmap.ACCESS_READ)
+    if heads_only and hasattr(mmap, "MADV_RANDOM"):
+        mm.madvise(mmap.MADV_RANDOM)
     try:
         while pos < size:
             rec = _parse_record_head(mm, pos, size, vol)

@@ -127,7 +127,7 @@ class Scrubber:
 
     def _check(self, fid: str, r: StepResult) -> None:
         try:
-            raw, inode = self.store.read_raw(fid)
+            raw, inode = self.store.read_raw(fid, uncached=True)   # keeps readers' cache
         except NotFound:  # deleted (or quarantined by a read) since it was listed
             return
         r.checked += 1

@@ -242,14 +242,16 @@ async def get_fragment(request: web.Request) -> web.StreamResponse:
     and reports a mismatch with POST .../verify. One SHA-256 per read instead of two.
     A fragment whose record is all in the page cache is sent from the event loop, a
     large one with sendfile(2) (no copy through this process); others are read in a
-    thread."""
+    thread. With x-ecstore-uncached, one that is not cached is read in the thread without
+    staying there (read_cached's RWF_NOWAIT read would start a readahead into the cache)."""
     store, fid = request.app[STORE], request.match_info["fid"]
     cached = store.cached_body(fid, SENDFILE_MIN_BYTES)
     if cached is not None:
         return await _send_cached(request, cached)
-    frag = store.read_cached(fid)
+    uncached = uncached_requested(request.headers)
+    frag = None if uncached else store.read_cached(fid)
     if frag is None:
-        frag = await _in_thread(store.read, fid, False)
+        frag = await _in_thread(store.read, fid, False, uncached)
     return web.Response(body=frag.body, headers=fragment_headers(frag.checksum, frag.meta))
 
 
@@ -384,7 +386,13 @@ def storage_metrics(app: web.Application) -> Families:
                       "checkpoints, repair, rebalance).", store.uncached_writes)
         yield gauge("ecstore_storage_uncached_writes_supported", "1 while this kernel and "
                     "filesystem take uncached writes (RWF_DONTCACHE, Linux 6.14+); 0: those "
-                    "fragments go through the page cache.", 1 if store.uncached_flag else 0)
+                    "fragments are written through the page cache and dropped from it "
+                    "once synced.", 1 if store.uncached_flag else 0)
+        yield counter("ecstore_storage_uncached_reads", "Fragment records read without "
+                      "staying in the page cache (the scrubber, compaction, and GETs with "
+                      "x-ecstore-uncached: repair, rebalance, tier demotion); with no "
+                      "RWF_DONTCACHE, those dropped from it after the read.",
+                      store.uncached_reads)
         yield counter("ecstore_storage_put_batches", "Batches the writer thread wrote, one "
                       "sync each: puts per batch = how much they share a sync.", puts.batches)
     sends = app[SENDS]

@@ -665,15 +665,20 @@ class Client(LoopBound):
 
     def get_stream(self, bucket: str, key: str, start: int | None = None,
                    end: int | None = None, record: dict[str, Any] | None = None,
-                   note_read: bool = True) -> AsyncGenerator[bytes | memoryview, None]:
+                   note_read: bool = True, cache: bool = True
+                   ) -> AsyncGenerator[bytes | memoryview, None]:
         """Yield the object's bytes segment by segment, reading ahead a few segments.
 
         Pass `record` (from live_record) when the caller has read it already.
-        `note_read=False`: not counted as a read (the tiering worker's own reads)."""
-        return traced_stream(self._get_stream(bucket, key, start, end, record, note_read))
+        `note_read=False`: not counted as a read (the tiering worker's own reads).
+        `cache=False`: the storage nodes read the fragments that are not in their page
+        cache without leaving them there (get_fragment's) - a one-pass read nobody
+        follows, such as a tier demotion's."""
+        return traced_stream(self._get_stream(bucket, key, start, end, record, note_read,
+                                              cache))
 
     async def _get_stream(self, bucket: str, key: str, start: int | None, end: int | None,
-                          record: dict[str, Any] | None, note_read: bool
+                          record: dict[str, Any] | None, note_read: bool, cache: bool = True
                           ) -> AsyncGenerator[bytes | memoryview, None]:
         if record is None:
             record = await self.live_record(bucket, key)
@@ -688,7 +693,7 @@ class Client(LoopBound):
         pending: list[tuple[asyncio.Task[bytes | memoryview], _Slot]] = []
         wanted = extent_slices(record_extents(record), record["segment_size"], lo, hi)
         if self.cache is not None and wanted:
-            self._prefetch_if_sequential(cmap, record, wanted, hi)
+            self._prefetch_if_sequential(cmap, record, wanted, hi, cache)
         slices = iter(wanted)
         nxt = next(slices, None)
         try:
@@ -699,7 +704,7 @@ class Client(LoopBound):
                         and (slot := await self._try_slot(wait=not pending)) is not None:
                     ext, s = nxt
                     task = asyncio.ensure_future(
-                        self._read_slice(cmap, record, ext, s.index, s.start, s.stop))
+                        self._read_slice(cmap, record, ext, s.index, s.start, s.stop, cache))
                     pending.append((task, slot))
                     nxt = next(slices, None)
                 if not pending:
@@ -756,13 +761,13 @@ class Client(LoopBound):
         await asyncio.gather(*(send(n, e) for n, e in per_node.values()), return_exceptions=True)
 
     async def _read_slice(self, cmap: ClusterMap, record: dict[str, Any], ext: Extent,
-                          seg: int, lo: int, hi: int) -> bytes | memoryview:
-        data = await self._segment(cmap, record, ext, seg)
+                          seg: int, lo: int, hi: int, cache: bool = True) -> bytes | memoryview:
+        data = await self._segment(cmap, record, ext, seg, cache)
         # part of a segment is copied: a view would keep the whole segment in memory
         return data if lo == 0 and hi == len(data) else bytes(data[lo:hi])
 
     async def _segment(self, cmap: ClusterMap, record: dict[str, Any], ext: Extent,
-                       seg: int) -> bytes | memoryview:
+                       seg: int, cache: bool = True) -> bytes | memoryview:
         """One decoded segment: from the disk cache, else joining a fetch of it already
         running in this process, else fetched (once across processes sharing the cache)."""
         key = SegmentCache.key(ext.version_id, seg)
@@ -775,7 +780,7 @@ class Client(LoopBound):
         if fut is not None:
             self.read_stats["coalesced"] += 1
             return await asyncio.shield(fut)
-        fut = asyncio.ensure_future(self._fetch_segment(cmap, record, ext, seg, key))
+        fut = asyncio.ensure_future(self._fetch_segment(cmap, record, ext, seg, key, cache))
         self._segment_fetches[key] = fut
 
         def done(f: asyncio.Future[bytes | memoryview]) -> None:
@@ -786,10 +791,10 @@ class Client(LoopBound):
         return await asyncio.shield(fut)  # a cancelled reader leaves it to the others
 
     async def _fetch_segment(self, cmap: ClusterMap, record: dict[str, Any], ext: Extent,
-                             seg: int, key: str) -> bytes | memoryview:
+                             seg: int, key: str, node_cache: bool = True) -> bytes | memoryview:
         if self.cache is None:
             self.read_stats["segments_fetched"] += 1
-            return await self.read_segment(cmap, record, seg, ext)
+            return await self.read_segment(cmap, record, seg, ext, cache=node_cache)
         cache = self.cache
         fd = await self._cache_lock(key)
         try:
@@ -798,7 +803,7 @@ class Client(LoopBound):
                 self.read_stats["cache_hits"] += 1
                 return cached
             self.read_stats["segments_fetched"] += 1
-            data = await self.read_segment(cmap, record, seg, ext)
+            data = await self.read_segment(cmap, record, seg, ext, cache=node_cache)
             await _in_thread(cache.put, key, data)
             return data
         finally:
@@ -819,7 +824,8 @@ class Client(LoopBound):
             pause = min(0.05, pause * 2)
 
     def _prefetch_if_sequential(self, cmap: ClusterMap, record: dict[str, Any],
-                                wanted: builtins.list[tuple[Extent, Any]], hi: int) -> None:
+                                wanted: builtins.list[tuple[Extent, Any]], hi: int,
+                                node_cache: bool = True) -> None:
         """A read that starts where the last read of this version ended is sequential:
         fetch the next PREFETCH_SEGMENTS segments into the cache in the background."""
         first_ext, first = wanted[0]
@@ -838,7 +844,7 @@ class Client(LoopBound):
                 continue
             self._prefetches += 1
             self.read_stats["prefetched"] += 1
-            task = asyncio.ensure_future(self._segment(cmap, record, ext, s.index))
+            task = asyncio.ensure_future(self._segment(cmap, record, ext, s.index, node_cache))
             task.add_done_callback(self._prefetch_done)
 
     def _prefetch_done(self, task: asyncio.Future[bytes | memoryview]) -> None:
@@ -847,9 +853,9 @@ class Client(LoopBound):
 
     @operation
     async def read_segment(self, cmap: ClusterMap, record: dict[str, Any], seg: int,
-                           extent: Extent | None = None) -> bytes | memoryview:
+                           extent: Extent | None = None, cache: bool = True) -> bytes | memoryview:
         """Decode one segment (of `extent`, default the record's first) from the first k
-        good fragments (data ones first).
+        good fragments (data ones first); `cache` as get_fragment's.
 
         A fragment that fails brings in the next one at once; one that is slower than the
         hedge delay (a stalled or overloaded node) brings in the next one too, and the
@@ -866,7 +872,7 @@ class Client(LoopBound):
             fid = fragment_id(vid, seg, i)
             into = placed if i < k else None
             try:
-                good[i] = await self.get_fragment(nodes[i], fid, into, i)
+                good[i] = await self.get_fragment(nodes[i], fid, into, i, cache)
                 return
             except EcstoreError as exc:
                 errors.append(f"{nodes[i].id}/{i}: {exc.code}")
@@ -875,7 +881,7 @@ class Client(LoopBound):
             prev = self._previous_node(cmap, record, ext, seg, i)
             if prev is not None and prev.id != nodes[i].id:  # not moved yet by a rebalance
                 try:
-                    good[i] = await self.get_fragment(prev, fid, into, i)
+                    good[i] = await self.get_fragment(prev, fid, into, i, cache)
                 except EcstoreError as exc:
                     errors.append(f"{prev.id}/{i}: {exc.code}")
 
@@ -952,21 +958,24 @@ class Client(LoopBound):
         return cmap.previous_fragment_node(record_policy(cmap, record), ext.version_id, seg, i)
 
     @overload
-    async def get_fragment(self, node: Node, fid: str) -> bytearray: ...
+    async def get_fragment(self, node: Node, fid: str, *, cache: bool = True) -> bytearray: ...
 
     @overload
     async def get_fragment(self, node: Node, fid: str, into: codec.SegmentBuffer | None,
-                           index: int) -> bytearray | None: ...
+                           index: int, cache: bool = True) -> bytearray | None: ...
 
     @operation
     async def get_fragment(self, node: Node, fid: str, into: codec.SegmentBuffer | None = None,
-                           index: int = 0) -> bytearray | None:
+                           index: int = 0, cache: bool = True) -> bytearray | None:
         """One fragment, checked against its checksum (Corrupt, and the node is asked to
         verify its copy). With `into`, a data fragment whose length fits is read into the
-        segment buffer as its fragment `index` and None is returned."""
+        segment buffer as its fragment `index` and None is returned. `cache=False`: the
+        node reads it, when it is not in its page cache, without leaving it there
+        (UNCACHED_HEADER)."""
         self.read_stats["fragment_gets"] += 1
         reply = await self.t.get_into(node.address, f"/v1/fragments/{fid}", FRAGMENT_TIMEOUT_S,
-                                      None if into is None else into.sink(index))
+                                      None if into is None else into.sink(index),
+                                      None if cache else {UNCACHED_HEADER: UNCACHED})
         pieces = into.pieces(index) if reply.scattered and into is not None else (reply.body,)
         if not fragment_intact(pieces, reply.headers):
             self.fault_stats["checksum_failures"] += 1

@@ -21,7 +21,7 @@ from store.client import Client, expected_fragment_nodes
 from store.digest import matches as digest_matches
 from store.errors import Corrupt, EcstoreError
 from store.striping import fragment_id, record_extents
-from store.wire import FRAGMENT_META_HEADER, unpack_header
+from store.wire import FRAGMENT_META_HEADER, UNCACHED, UNCACHED_HEADER, unpack_header
 from store.workers import Checkpoint, RateLimiter, WorkReport, all_listings, live_records
 
 
@@ -117,7 +117,8 @@ class RebalanceWorker:
 
     async def _move(self, mv: Move) -> int:
         path = f"/v1/fragments/{mv.fid}"
-        reply = await self.c.t.request("GET", mv.source.address, path, timeout_s=60)
+        reply = await self.c.t.request("GET", mv.source.address, path, timeout_s=60,
+                                       headers={UNCACHED_HEADER: UNCACHED})
         if not digest_matches(reply.body, reply.headers.get(CHECKSUM_HEADER)):
             raise Corrupt(f"{mv.fid} from {mv.source.id} failed its checksum in transit")
         meta = unpack_header(reply.headers.get(FRAGMENT_META_HEADER))

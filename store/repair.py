@@ -132,7 +132,8 @@ class RepairWorker:
             if len(got) == k:
                 break
             try:
-                got[i] = await self.c.get_fragment(node, fragment_id(vid, seg.segment, i))
+                got[i] = await self.c.get_fragment(node, fragment_id(vid, seg.segment, i),
+                                                   cache=False)
             except EcstoreError as exc:
                 r.errors.append(f"{plan.bucket}/{plan.key} seg {seg.segment} idx {i}: {exc.message}")
         if len(got) < k:

@@ -170,10 +170,11 @@ async def move_object(c: Client, bucket: str, key: str, record: dict[str, Any],
                       policy: str, cache: bool = True) -> bool:
     """Re-encode one object's current version into `policy` and commit it. True if the
     move is now the object's record; False if a newer write won meanwhile. `cache=False`
-    (a demotion: nobody is reading it) writes it uncached (Client.put's)."""
+    (a demotion: nobody is reading it) reads and writes it uncached (Client.get_stream's
+    and Client.put's)."""
     cmap = await c.cluster_map()
     pol = cmap.policy(policy)
-    source = c.get_stream(bucket, key, record=record, note_read=False)
+    source = c.get_stream(bucket, key, record=record, note_read=False, cache=cache)
     ext = await c.write_extent(pol, bucket, key, source, cache=cache)
     if ext["size"] != record["size"]:
         raise EcstoreError(f"{bucket}/{key}: read {ext['size']} bytes of {record['size']}")

@@ -129,10 +129,11 @@ class Transport:
         return self._client
 
     async def get_into(self, base_url: str, path: str, timeout_s: float,
-                       sink: Sink | None = None) -> Reply:
+                       sink: Sink | None = None, headers: dict[str, str] | None = None) -> Reply:
         """A signed GET of a fragment: the node's error raised, the body a bytearray -
         or, when `sink` (store.fetch.Sink) gives views for it, read into those."""
-        return await self.request("GET", base_url, path, timeout_s=timeout_s, sink=sink)
+        return await self.request("GET", base_url, path, timeout_s=timeout_s, sink=sink,
+                                  headers=headers)
 
     async def close(self) -> None:
         if self._client is not None:

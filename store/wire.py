@@ -41,12 +41,14 @@ MAX_META_HEADER_BYTES = 4096
 # (RWF_DONTCACHE, Linux 6.14+; a plain write where the kernel or filesystem has no such
 # write) - for bytes nobody is about to read back: checkpoints, repair, rebalance. The
 # write is as durable either way; a later read caches the fragment as any read does.
+# On a fragment GET: a fragment not in the page cache is read without staying there (one
+# that is is sent from it as usual) - for readers nobody follows soon: repair, rebalance.
 UNCACHED_HEADER = "x-ecstore-uncached"
 UNCACHED = "1"
 
 
 def uncached_requested(headers: Mapping[str, str]) -> bool:
-    """A fragment PUT's request for an uncached write (both of a storage node's paths)."""
+    """A fragment PUT's or GET's request for uncached I/O (both of a storage node's paths)."""
     return headers.get(UNCACHED_HEADER) == UNCACHED
 
 

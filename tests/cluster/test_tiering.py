@@ -19,11 +19,12 @@ import boto3
 import pytest
 
 from cli.localcluster import LocalCluster
+from node.fragments import stored_fragments
 from store.client import Client, SyncClient, expected_fragment_nodes
 from store.tiering import move_object
 from tests.cluster.s3_fixtures import ecstore
 from tests.cluster.uncached import node_counters
-from tests.functional.harness import fragments_on_disk
+from tests.functional.harness import evict_volumes, fragments_on_disk, settle_uncached
 
 MiB = 1024 * 1024
 
@@ -87,6 +88,12 @@ def test_idle_objects_go_cold_and_busy_ones_come_back(tiered: LocalCluster) -> N
     assert st["due"]["demote"] == {"objects": 3, "bytes": len(model) + 10 * MiB + 1}
     with SyncClient(tiered.path) as c:  # read b.bin just now: it stays hot
         assert c.get("data", "b.bin") == objs["b.bin"]
+        going = [record(c, "data", key)["version_id"] for key in ("a.bin", "model.bin")]
+    hot = [i for i, n in tiered.nodes.items() if n.role == "storage" and n.tier == "hot"]
+    read_from = [loc for i in hot for fid, loc in stored_fragments(tiered.nodes[i].data).items()
+                 if fid.split(".")[0] in going]
+    for i in hot:       # nobody has read the objects to demote: out of the page cache
+        evict_volumes(tiered.nodes[i].data)
     rep = tier_json(tiered, "run", "--once", "--cold-after", "5")
     assert (rep["demoted"], rep["promoted"], rep["failed"]) == (2, 0, 0), rep
 
@@ -105,6 +112,9 @@ def test_idle_objects_go_cold_and_busy_ones_come_back(tiered: LocalCluster) -> N
     assert held > 0
     assert sum(c["uncached_writes_total"] for c in counted) == \
         held * min(c["uncached_writes_supported"] for c in counted)
+    # and reads the hot copies uncached: they are still out of the hot nodes' page cache
+    assert len(read_from) >= 6 * 3
+    assert settle_uncached(read_from) == [0] * len(read_from)
     with SyncClient(tiered.path) as c:
         assert c.get("data", "a.bin") == objs["a.bin"]
         assert c.get("data", "small") == objs["small"]

@@ -50,7 +50,8 @@ def test_the_node_writes_a_fragment_uncached_only_when_asked(fast: str) -> None:
                 assert a.status == 200
                 return counters(a.body.decode())
 
-            assert scrape() == {"uncached_writes_total": 0, "uncached_writes_supported": 1}
+            assert scrape() == {"uncached_writes_total": 0, "uncached_writes_supported": 1,
+                                "uncached_reads_total": 0}
             assert put("f.cold", {UNCACHED_HEADER: "1"}) == 201
             assert put("f.warm", {}) == 201
             assert put("f.other", {UNCACHED_HEADER: "yes"}) == 201   # only "1" asks it

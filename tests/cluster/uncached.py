@@ -1,5 +1,5 @@
-"""Uncached writes as tests of a running cluster see them: each storage node's counter
-and support gauge (/metrics), and a skip, naming why, where the kernel has no such write."""
+"""Uncached writes and reads as tests of a running cluster see them: each storage node's
+counters and support gauge (/metrics), and a skip, naming why, where the kernel has no such write."""
 from __future__ import annotations
 
 import re
@@ -20,9 +20,11 @@ def skip_unless_uncached_writes() -> None:
 
 
 def counters(metrics_text: str) -> dict[str, float]:
-    """ecstore_storage_uncached_writes_total and _supported, from a /metrics page."""
+    """ecstore_storage_uncached_writes_total and _supported, and
+    ecstore_storage_uncached_reads_total, from a /metrics page."""
     return {m.group(1): float(m.group(2)) for m in re.finditer(
-        r"^ecstore_storage_(uncached_writes_total|uncached_writes_supported) (\S+)$",
+        r"^ecstore_storage_(uncached_writes_total|uncached_writes_supported"
+        r"|uncached_reads_total) (\S+)$",
         metrics_text, re.M)}
 
 

@@ -106,6 +106,19 @@ def cached_pages(path: str, off: int, size: int) -> int:
         os.close(fd)
 
 
+def evict_volumes(data_dir: Path | str) -> None:
+    """A storage node's volume files out of the page cache: synced first (a node may run
+    with fsync off, and dirty pages are not dropped), then POSIX_FADV_DONTNEED."""
+    vdir = Path(data_dir) / "volumes"
+    for name in os.listdir(vdir):
+        fd = os.open(vdir / name, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def whole_pages(off: int, size: int) -> int:
     return (off + size) // PAGE - -(-off // PAGE)
 

@@ -477,9 +477,9 @@ def test_the_offline_scan_sees_every_fragment_while_a_compaction_runs(
     compactions: list[fragments.CompactResult] = []
     busy: list[bool] = []
 
-    def scan_then_compact(vol: fragments.Volume, size: int
+    def scan_then_compact(vol: fragments.Volume, size: int, heads_only: bool = False
                           ) -> tuple[list[tuple[int, str, int, bool, int]], int, int]:
-        out = real(vol, size)
+        out = real(vol, size, heads_only)
         if not busy:            # the offline scan's first read (compaction scans too)
             busy.append(True)
             compactions.append(s.compact())
