@@ -710,13 +710,13 @@ class FragmentStore:
         return pread_padded(vol.fd, loc_length(loc), loc_off(loc)), loc
 
     def pread_uncached(self, vol: Volume, length: int, offset: int) -> bytes | bytearray:
-        """pread_padded for a reader nobody will follow soon (the scrubber, compaction, a
-        repair's or rebalance's source): the page cache keeps what it held and nothing
-        more. Read through the volume's without_readahead, so no readahead brings in the
-        records after it. With uncached_flag (RWF_DONTCACHE) the kernel drops the pages this read
-        brings in; where it refuses the flag, a range that was not all cached before is
-        dropped after the read (POSIX_FADV_DONTNEED: its pages that were cached go too -
-        best effort), and one the kernel cannot say about is left as read."""
+        """pread_padded for a reader nobody will follow soon (the scrubber, compaction, the
+        source of a repair, rebalance or tier demotion): the page cache keeps what it held
+        and nothing more. Read through the volume's without_readahead, so no readahead
+        brings in the records after it. With uncached_flag (RWF_DONTCACHE) the kernel drops
+        the pages this read brings in; where it refuses the flag, a range that was not all
+        cached before is dropped after the read (POSIX_FADV_DONTNEED: its pages that were
+        cached go too - best effort), and one the kernel cannot say about is left as read."""
         with vol.without_readahead() as fd:
             return self._pread_uncached(fd, length, offset)
 

@@ -675,11 +675,11 @@ class Client(LoopBound):
         cache without leaving them there (get_fragment's) - a one-pass read nobody
         follows, such as a tier demotion's."""
         return traced_stream(self._get_stream(bucket, key, start, end, record, note_read,
-                                              cache))
+                                              node_cache=cache))
 
     async def _get_stream(self, bucket: str, key: str, start: int | None, end: int | None,
-                          record: dict[str, Any] | None, note_read: bool, cache: bool = True
-                          ) -> AsyncGenerator[bytes | memoryview, None]:
+                          record: dict[str, Any] | None, note_read: bool,
+                          node_cache: bool = True) -> AsyncGenerator[bytes | memoryview, None]:
         if record is None:
             record = await self.live_record(bucket, key)
         if note_read:
@@ -693,7 +693,7 @@ class Client(LoopBound):
         pending: list[tuple[asyncio.Task[bytes | memoryview], _Slot]] = []
         wanted = extent_slices(record_extents(record), record["segment_size"], lo, hi)
         if self.cache is not None and wanted:
-            self._prefetch_if_sequential(cmap, record, wanted, hi, cache)
+            self._prefetch_if_sequential(cmap, record, wanted, hi, node_cache)
         slices = iter(wanted)
         nxt = next(slices, None)
         try:
@@ -704,7 +704,8 @@ class Client(LoopBound):
                         and (slot := await self._try_slot(wait=not pending)) is not None:
                     ext, s = nxt
                     task = asyncio.ensure_future(
-                        self._read_slice(cmap, record, ext, s.index, s.start, s.stop, cache))
+                        self._read_slice(cmap, record, ext, s.index, s.start, s.stop,
+                                         node_cache))
                     pending.append((task, slot))
                     nxt = next(slices, None)
                 if not pending:
@@ -761,13 +762,14 @@ class Client(LoopBound):
         await asyncio.gather(*(send(n, e) for n, e in per_node.values()), return_exceptions=True)
 
     async def _read_slice(self, cmap: ClusterMap, record: dict[str, Any], ext: Extent,
-                          seg: int, lo: int, hi: int, cache: bool = True) -> bytes | memoryview:
-        data = await self._segment(cmap, record, ext, seg, cache)
+                          seg: int, lo: int, hi: int, node_cache: bool = True
+                          ) -> bytes | memoryview:
+        data = await self._segment(cmap, record, ext, seg, node_cache)
         # part of a segment is copied: a view would keep the whole segment in memory
         return data if lo == 0 and hi == len(data) else bytes(data[lo:hi])
 
     async def _segment(self, cmap: ClusterMap, record: dict[str, Any], ext: Extent,
-                       seg: int, cache: bool = True) -> bytes | memoryview:
+                       seg: int, node_cache: bool = True) -> bytes | memoryview:
         """One decoded segment: from the disk cache, else joining a fetch of it already
         running in this process, else fetched (once across processes sharing the cache)."""
         key = SegmentCache.key(ext.version_id, seg)
@@ -780,7 +782,7 @@ class Client(LoopBound):
         if fut is not None:
             self.read_stats["coalesced"] += 1
             return await asyncio.shield(fut)
-        fut = asyncio.ensure_future(self._fetch_segment(cmap, record, ext, seg, key, cache))
+        fut = asyncio.ensure_future(self._fetch_segment(cmap, record, ext, seg, key, node_cache))
         self._segment_fetches[key] = fut
 
         def done(f: asyncio.Future[bytes | memoryview]) -> None:
