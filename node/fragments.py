@@ -488,7 +488,15 @@ class FragmentStore:
     def commit_record(self, w: Written) -> bool:
         """The last step of a put: the index points at the record (unless a later put or
         delete of the id finished first); True if it replaced a fragment. The write is
-        done (_done) whether or not this succeeds: call it once per write_record."""
+        done (_done) whether or not this succeeds: call it once per write_record. A
+        record asked uncached and written plain (w.drop) leaves the page cache either way."""
+        try:
+            return self._commit_record(w)
+        finally:
+            if w.drop:
+                self.drop_written(w.vol, w.off, w.length)
+
+    def _commit_record(self, w: Written) -> bool:
         fid, vol, seq, length = w.fid, w.vol, w.seq, w.length
         with self._lock:
             try:
@@ -510,8 +518,6 @@ class FragmentStore:
                     self.bytes -= loc_length(old)
             finally:    # the write is done in the same locked step as the index: no gap
                 self._done(vol)     # between, and done exactly once whatever happened
-        if w.drop:
-            self.drop_written(vol, w.off, length)
         return old is not None
 
     def drop_written(self, vol: Volume, offset: int, length: int) -> None:
