@@ -277,6 +277,10 @@ def cmd_add_node(a: argparse.Namespace) -> int:
     if a.role == "control":
         cluster.install_map()  # publish_map reached it already; this checks it holds the map
     err.print(f"started {spec.id} at {spec.url}; run `ecstore rebalance` to move data onto it")
+    if a.json:
+        print(json.dumps({"id": spec.id, "url": spec.url, "role": a.role,
+                          "zone": a.zone or spec.id, "tier": a.tier, "weight": a.weight},
+                         indent=2))
     return 0
 
 
@@ -289,6 +293,8 @@ def cmd_remove_node(a: argparse.Namespace) -> int:
     if a.id not in cluster.nodes:
         raise NotFound(f"no node {a.id} in {cluster.path}")
 
+    summary: dict[str, Any] = {"id": a.id}
+
     async def drain() -> int:
         c = Client(ClusterInfo.load(cluster.path))
         try:
@@ -297,7 +303,8 @@ def cmd_remove_node(a: argparse.Namespace) -> int:
                 await change_ring(c, "remove", argparse.Namespace(id=a.id))
                 await asyncio.sleep(MAP_TTL_S + 0.5)  # every client writes to the new ring
                 report = await finish_metadata_move(c, False)
-                return report.failed
+                summary.update(role="control", metadata=report.to_dict())
+                return int(report.failed)
             if any(n.id == a.id for n in cmap.all_storage_nodes()):
                 await change_ring(c, "remove", argparse.Namespace(id=a.id))
 
@@ -311,6 +318,10 @@ def cmd_remove_node(a: argparse.Namespace) -> int:
                 return w.report
             reports: list[Any] = []
             await passes_until_still(c, drain_pass, reports, retry_failed=True)
+            summary.update(role="storage", passes=len(reports),
+                           moved=sum(r.moved for r in reports),
+                           bytes_moved=sum(r.bytes_moved for r in reports),
+                           failed=reports[-1].failed)
             return int(reports[-1].failed)
         finally:
             await c.close()
@@ -320,6 +331,8 @@ def cmd_remove_node(a: argparse.Namespace) -> int:
                           "running: fix the cause and run the command again")
     cluster.forget_node(a.id)
     err.print(f"drained and stopped {a.id}")
+    if a.json:
+        print(json.dumps(summary, indent=2))
     return 0
 
 
@@ -330,10 +343,15 @@ def register_cluster(csub: Any) -> None:
     add.add_argument("--zone", default="")
     add.add_argument("--tier", default="hot")
     add.add_argument("--weight", type=float, default=1.0)
+    add.add_argument("--json", action="store_true",
+                     help="print the node added as JSON (id, url, role, zone, tier, weight)")
     add.set_defaults(func=cmd_add_node)
     rm = csub.add_parser("remove-node", help="drain a node (rebalance off it), then stop it")
     rm.add_argument("--data", default=".ecstore")
     rm.add_argument("id")
+    rm.add_argument("--json", action="store_true",
+                    help="print what was moved off it as JSON (a storage node: passes, "
+                         "moved, bytes_moved, failed; a control node: metadata)")
     rm.set_defaults(func=cmd_remove_node)
 
 

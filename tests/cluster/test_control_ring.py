@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -88,7 +89,10 @@ def check_all(cluster: LocalCluster, objects: dict[str, bytes]) -> None:
 
 def test_add_a_control_node_moves_metadata(cluster: LocalCluster,
                                            objects: dict[str, bytes]) -> None:
-    cli(cluster, "cluster", "add-node", "--data", str(cluster.dir), "--role", "control")
+    added = json.loads(cli(cluster, "cluster", "add-node", "--data", str(cluster.dir),
+                           "--role", "control", "--json").stdout)
+    assert (added["id"], added["role"]) == ("c4", "control")
+    assert added["url"] == LocalCluster.load(cluster.dir).nodes["c4"].url
     check_all(cluster, objects)  # before the move: readers also ask the previous owners
     cli(cluster, "rebalance")
     check_all(cluster, objects)
@@ -101,7 +105,10 @@ def test_add_a_control_node_moves_metadata(cluster: LocalCluster,
 
 def test_remove_a_control_node_moves_metadata_off_it(cluster: LocalCluster,
                                                      objects: dict[str, bytes]) -> None:
-    cli(cluster, "cluster", "remove-node", "--data", str(cluster.dir), "c1")
+    done = json.loads(cli(cluster, "cluster", "remove-node", "--data", str(cluster.dir), "c1",
+                          "--json").stdout)
+    assert (done["id"], done["role"]) == ("c1", "control")
+    assert done["metadata"]["failed"] == 0 and done["metadata"]["copied"] > 0
     assert "c1" not in LocalCluster.load(cluster.dir).nodes
     check_all(cluster, objects)
     for k in list(objects)[:60]:

@@ -158,8 +158,11 @@ def test_drain_a_node_loses_nothing_and_empties_it(cluster: LocalCluster,
     before = sum(node_counters(cluster, i)["uncached_writes_total"] for i in others)
     moving = len(fragments_on_disk(cluster.dir / "s4"))
     with Load(cluster, objects, "draining") as load:
-        cli(cluster, "cluster", "remove-node", "--data", str(cluster.dir), "s4")
+        done = json.loads(cli(cluster, "cluster", "remove-node", "--data", str(cluster.dir),
+                              "s4", "--json").stdout)
     assert load.errors == []
+    assert (done["id"], done["role"], done["failed"]) == ("s4", "storage", 0)
+    assert done["moved"] >= moving and done["bytes_moved"] > 0 and done["passes"] >= 1
     assert fragments_on_disk(cluster.dir / "s4") == {}
     # what rebalance moved is written uncached where the kernel takes it (the load's
     # own puts are not): s4's fragments at least (others may change places too)
