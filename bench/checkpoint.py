@@ -42,6 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.pagecache import evict as evict_files
 from cli.localcluster import LocalCluster, free_port
 from store.client import Client, SyncClient
 
@@ -80,21 +81,6 @@ def _procs_cpu_s(pids: list[int]) -> float:
 def _view(tensor: Any) -> memoryview:
     """A CPU tensor's bytes, without a copy."""
     return memoryview(tensor.numpy()).cast("B")
-
-
-def _evict(paths: list[Path]) -> int:
-    """Drop the page cache of every file under `paths` (they are fsync'd: clean pages)."""
-    count = 0
-    for root in paths:
-        for p in [root] if root.is_file() else root.rglob("*"):
-            if p.is_file():
-                fd = os.open(p, os.O_RDONLY)
-                try:
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                finally:
-                    os.close(fd)
-                count += 1
-    return count
 
 
 def rank_main(rank: int, world: int, port: int, cluster_path: str, work: str, mib: int,
@@ -150,7 +136,7 @@ def rank_main(rank: int, world: int, port: int, cluster_path: str, work: str, mi
     def evict(paths: list[Path]) -> None:
         dist.barrier()
         if rank == 0:
-            _evict(paths)
+            evict_files(paths)   # fsync'd by their writers: clean pages
 
     def ecstore_save() -> None:
         with EcstoreWriter(cluster_path, BUCKET, PREFIX, "bench-1", objects_per_rank=objects_per_rank,

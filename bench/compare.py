@@ -42,6 +42,7 @@ from typing import Any
 
 from bench import seaweed
 from bench import workloads as wl
+from bench.pagecache import meminfo_kib
 
 TARGETS = {"lib": "client library", "gw": "S3 gateway", "weed": "SeaweedFS"}
 ALIASES = {"a": "lib", "library": "lib", "lib": "lib", "b": "gw", "gw": "gw", "gateway": "gw",
@@ -409,11 +410,8 @@ class Run:
 
 def dirty_mib() -> float:
     """Dirty and under-writeback page cache, MiB (/proc/meminfo; 0 where there is none)."""
-    try:
-        fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
-        return sum(int(fields[k].split()[0]) for k in ("Dirty", "Writeback")) / 1024
-    except (OSError, KeyError, ValueError):
-        return 0.0
+    kib = meminfo_kib("Dirty", "Writeback")
+    return 0.0 if kib is None else kib / 1024
 
 
 def flush_page_cache() -> dict[str, float]:

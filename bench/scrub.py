@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.pagecache import evict, meminfo_kib
 from node.fragments import FragmentStore, parse_fragment
 from store.digest import digest
 
@@ -31,11 +32,10 @@ MODES = ("plain", "uncached")
 
 
 def page_cache_bytes() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("Cached:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no Cached: line in /proc/meminfo")
+    kib = meminfo_kib("Cached")
+    if kib is None:
+        raise RuntimeError("no Cached: line in /proc/meminfo")
+    return kib * 1024
 
 
 def fill(store: FragmentStore, mib: int) -> list[str]:
@@ -49,18 +49,8 @@ def fill(store: FragmentStore, mib: int) -> list[str]:
     return fids
 
 
-def drop_volumes(store: FragmentStore) -> None:
-    for name in os.listdir(store.vdir):
-        fd = os.open(store.vdir / name, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def one_pass(store: FragmentStore, fids: list[str], uncached: bool) -> dict[str, Any]:
-    drop_volumes(store)
+    evict([store.vdir], sync=True)
     time.sleep(0.2)
     cache0, ru0, t0 = page_cache_bytes(), resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     read = 0

@@ -62,6 +62,7 @@ from typing import Any
 
 from bench import compare as cmp
 from bench import workloads as wl
+from bench.pagecache import meminfo_kib
 
 MiB = wl.MiB
 K, M, STORAGE_NODES, CONTROL_NODES = cmp.K, cmp.M, cmp.STORAGE_NODES, cmp.CONTROL_NODES
@@ -385,12 +386,8 @@ def mean_fragment_file_bytes(cluster: Any) -> float | None:
 # ---- the machine's side ---------------------------------------------------------------------
 def dirty_mb() -> float | None:
     """Dirty + Writeback from /proc/meminfo, MB (10^6 B): file data not yet on disk."""
-    try:
-        kb = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in
-                                                Path("/proc/meminfo").read_text().splitlines())}
-        return (kb["Dirty"] + kb["Writeback"]) * 1024 / 1e6
-    except (OSError, KeyError, ValueError):
-        return None
+    kib = meminfo_kib("Dirty", "Writeback")
+    return None if kib is None else kib * 1024 / 1e6
 
 
 class DirtySampler:

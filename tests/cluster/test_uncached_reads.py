@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +25,7 @@ from store.striping import fragment_id
 from store.wire import FRAGMENT_META_HEADER, UNCACHED_HEADER, pack_header
 from tests.cluster.rawhttp import exchange
 from tests.cluster.rawhttp import signed_request as raw_request
+from tests.cluster.s3_fixtures import ecstore
 from tests.cluster.storagenode import SECRET, storage_node
 from tests.cluster.uncached import counters, node_counters, skip_unless_uncached_writes
 from tests.functional.harness import (
@@ -37,7 +36,6 @@ from tests.functional.harness import (
     whole_pages,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
 MIB = 1024 * 1024
 
 
@@ -103,13 +101,6 @@ def cluster() -> Iterator[LocalCluster]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def cli(cluster: LocalCluster, *args: str) -> bytes:
-    proc = subprocess.run([sys.executable, "-m", "cli.main", "--cluster", str(cluster.path),
-                           *args], cwd=ROOT, capture_output=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr.decode()
-    return proc.stdout
-
-
 def storage_ids(cluster: LocalCluster) -> list[str]:
     return [i for i, n in LocalCluster.load(cluster.dir).nodes.items() if n.role == "storage"]
 
@@ -136,7 +127,7 @@ def test_a_repair_reads_the_survivors_without_filling_their_page_cache(
         assert [cached_pages(*loc) for loc in survivors] == [0] * 5
         before = uncached_reads(cluster, storage_ids(cluster))
 
-        done = json.loads(cli(cluster, "repair", "--json"))
+        done = json.loads(ecstore(cluster.path, "repair", "--json").stdout)
         assert done["fragments_rebuilt"] == 1 and done["unrecoverable"] == []
         assert uncached_reads(cluster, storage_ids(cluster)) - before == 4   # k of them
         assert settle_uncached(survivors) == [0] * 5
@@ -154,8 +145,8 @@ def test_a_rebalance_reads_what_it_moves_without_filling_the_page_cache(
     for i in old:
         evict_volumes(cluster.nodes[i].data)
     before = uncached_reads(cluster, old)
-    cli(cluster, "cluster", "add-node", "--data", str(cluster.dir), "--role", "storage")
-    moved = json.loads(cli(cluster, "rebalance", "--json"))
+    ecstore(cluster.path, "cluster", "add-node", "--data", str(cluster.dir), "--role", "storage")
+    moved = json.loads(ecstore(cluster.path, "rebalance", "--json").stdout)
     assert moved["moved"] > 0 and moved["failed"] == 0
     # every fragment moved was read uncached on the node it left (none was cached)
     assert uncached_reads(cluster, old) - before == moved["moved"]

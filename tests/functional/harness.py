@@ -7,10 +7,13 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from bench.pagecache import evict
 from cli.localcluster import signed_request
 from node import fragments, zerocopy
 from node.fragments import stored_fragments
@@ -109,14 +112,26 @@ def cached_pages(path: str, off: int, size: int) -> int:
 def evict_volumes(data_dir: Path | str) -> None:
     """A storage node's volume files out of the page cache: synced first (a node may run
     with fsync off, and dirty pages are not dropped), then POSIX_FADV_DONTNEED."""
-    vdir = Path(data_dir) / "volumes"
-    for name in os.listdir(vdir):
-        fd = os.open(vdir / name, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    evict([Path(data_dir) / "volumes"], sync=True)
+
+
+def refuse_dontcache(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """This process's preadv and pwritev as a kernel without RWF_DONTCACHE's (EOPNOTSUPP
+    for the flag); the flags refused are listed."""
+    refused: list[int] = []
+
+    def older(real: Callable[..., int]) -> Callable[..., int]:
+        def call(fd: int, buffers: list[Any], offset: int, flags: int = 0) -> int:
+            if flags & 0x80:
+                refused.append(flags)
+                raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+            return real(fd, buffers, offset, flags)
+        return call
+
+    monkeypatch.setattr(os, "preadv", older(os.preadv))
+    monkeypatch.setattr(os, "pwritev", older(os.pwritev))
+    monkeypatch.setattr(fragments, "RWF_DONTCACHE", 0x80)
+    return refused
 
 
 def whole_pages(off: int, size: int) -> int:

@@ -9,13 +9,10 @@ Where a record is comes from the store's index (record_at), which reads nothing:
 of a volume (stored_fragments' scan) would bring pages back into the cache by itself."""
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import random
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -27,6 +24,7 @@ from tests.functional.harness import (
     cached_pages,
     dontcache_refusal,
     evict_volumes,
+    refuse_dontcache,
     settle_uncached,
     whole_pages,
 )
@@ -100,25 +98,6 @@ def test_the_scrubber_checks_every_fragment_without_filling_the_page_cache(tmp_p
     assert store.uncached_reads == 7
     assert settle_uncached([at[fid] for fid in bodies if fid != "f.3"]) == [0] * 5
     assert cached_pages(*at["f.hot"]) == all_pages(at["f.hot"])
-
-
-def refuse_dontcache(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """This process's preadv and pwritev as a kernel without RWF_DONTCACHE's (EOPNOTSUPP
-    for the flag); the flags refused are listed."""
-    refused: list[int] = []
-
-    def older(real: Callable[..., int]) -> Callable[..., int]:
-        def call(fd: int, buffers: list[Any], offset: int, flags: int = 0) -> int:
-            if flags & 0x80:
-                refused.append(flags)
-                raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
-            return real(fd, buffers, offset, flags)
-        return call
-
-    monkeypatch.setattr(os, "preadv", older(os.preadv))
-    monkeypatch.setattr(os, "pwritev", older(os.pwritev))
-    monkeypatch.setattr(fragments, "RWF_DONTCACHE", 0x80)
-    return refused
 
 
 @pytest.mark.parametrize("kernel", ["dontcache", "refusing"])

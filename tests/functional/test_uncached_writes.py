@@ -4,9 +4,7 @@ reopen - but its pages leave the page cache once written, while a plain put's st
 read caches it as usual; a kernel or filesystem that refuses the flag gets plain writes."""
 from __future__ import annotations
 
-import errno
 import logging
-import os
 import random
 from pathlib import Path
 
@@ -15,7 +13,13 @@ import pytest
 from node import fragments, zerocopy
 from node.fragments import FragmentStore, stored_fragments
 from store.digest import digest
-from tests.functional.harness import cached_pages, dontcache_refusal, settle_uncached, whole_pages
+from tests.functional.harness import (
+    cached_pages,
+    dontcache_refusal,
+    refuse_dontcache,
+    settle_uncached,
+    whole_pages,
+)
 
 MIB = 1024 * 1024
 
@@ -61,17 +65,7 @@ def test_a_refused_uncached_write_is_written_plain_and_dropped_once_synced(
     (POSIX_FADV_DONTNEED), the flag is dropped for good, and it is said once."""
     if not zerocopy.available():
         pytest.skip("the page cache cannot be asked here (neither cachestat nor mincore)")
-    real = os.pwritev
-    refused: list[int] = []
-
-    def old_kernel(fd: int, buffers: list[object], offset: int, flags: int = 0) -> int:
-        if flags:
-            refused.append(flags)
-            raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
-        return real(fd, buffers, offset)
-
-    monkeypatch.setattr(os, "pwritev", old_kernel)
-    monkeypatch.setattr(fragments, "RWF_DONTCACHE", 0x80)
+    refused = refuse_dontcache(monkeypatch)
     store = FragmentStore(tmp_path / "s", fsync=True, reserve_bytes=0)
     bodies = [random.Random(i).randbytes(200_000) for i in range(3)]
     with caplog.at_level(logging.WARNING, logger="ecstore.fragments"):
