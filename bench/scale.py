@@ -48,7 +48,7 @@ from placement.hashing import hash64, key_bytes
 from placement.nodes import Node
 from placement.policy import Policy
 from placement.ring import MAX_PART_POWER, Ring
-from store.listing import PAGE_LIMIT, ListResult, merge_listing, merge_page, newest_per_key
+from store.listing import PAGE_LIMIT, ListResult, merge_listing, merge_page, newest_per_key, node_limit
 from store.transport import Reply, Transport
 from store.wire import pack
 
@@ -330,9 +330,13 @@ class _Cursor:
 
 
 def simulate_listing(scans: Sequence[Sequence[Record]], max_keys: int,
-                     page_limit: int = PAGE_LIMIT) -> tuple[FanOut, ListResult]:
+                     page_limit: int | None = None) -> tuple[FanOut, ListResult]:
     """Replay `merge_listing`'s rounds (no prefix, delimiter or start-after) over in-memory
-    scans, counting what it would send and merge. Returns (counts, the page)."""
+    scans, counting what it would send and merge; each node is asked for `page_limit`
+    records a request (default: what merge_listing asks, node_limit). Returns (counts,
+    the page)."""
+    if page_limit is None:
+        page_limit = node_limit(max_keys)
     fan = FanOut(nodes=len(scans), batches=[])
     cursors = [_Cursor(s) for s in scans]
     for c in cursors:

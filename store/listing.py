@@ -19,9 +19,18 @@ from store.metadata import staged_answers
 from store.transport import Transport
 from store.wire import unpack
 
-PAGE_LIMIT = 1000
+PAGE_LIMIT = 1000   # records one node sends per request, at most (+1, see node_limit)
 MAX_ROLLED_DELIMITER_BYTES = 1024   # what a control node takes (a longer one is in no key)
 PAST_PREFIX = "\U0010ffff"  # sorts after any key character, in UTF-8 bytes too
+
+
+def node_limit(max_keys: int) -> int:
+    """How many records to ask each node for: one more than the page can hold (at most
+    PAGE_LIMIT + 1), so a node that has more says so in the same answer. Asking for
+    exactly max_keys made a full page end level with every node's answer: the merge could
+    not tell whether the page was complete and fetched a second page from every node - a
+    1,000-key page cost each node two 1,000-record scans."""
+    return min(PAGE_LIMIT, max_keys) + 1
 
 
 @dataclass(frozen=True)
@@ -98,14 +107,14 @@ class _NodeCursor:
     """Pages of one control node's scan, fetched lazily."""
 
     def __init__(self, t: Transport, node: Node, bucket: str, prefix: str, after: str,
-                 delimiter: str = "") -> None:
+                 delimiter: str = "", limit: int = PAGE_LIMIT + 1) -> None:
         self.t, self.node, self.bucket, self.prefix, self.after = t, node, bucket, prefix, after
-        self.delimiter = delimiter
+        self.delimiter, self.limit = delimiter, limit
         self.page: list[dict[str, Any]] = []
         self.truncated = True
 
     async def fetch(self) -> None:
-        query: dict[str, Any] = {"prefix": self.prefix, "after": self.after, "limit": PAGE_LIMIT}
+        query: dict[str, Any] = {"prefix": self.prefix, "after": self.after, "limit": self.limit}
         if self.delimiter:
             query["delimiter"] = self.delimiter
         reply = await self.t.request("GET", self.node.address, f"/v1/list/{self.bucket}",
@@ -142,8 +151,8 @@ async def merge_listing(t: Transport, nodes: tuple[Node, ...], bucket: str, pref
     first = random.randrange(len(nodes)) if need < len(nodes) else 0
     order = nodes[first:] + nodes[:first]
     rolled = rolled and 0 < len(delimiter.encode()) <= MAX_ROLLED_DELIMITER_BYTES
-    cursors = [_NodeCursor(t, n, bucket, prefix, start_after, delimiter if rolled else "")
-               for n in order]
+    cursors = [_NodeCursor(t, n, bucket, prefix, start_after, delimiter if rolled else "",
+                           node_limit(max_keys)) for n in order]
     results = await staged_answers([c.fetch for c in cursors], need)
     failed = [r for r in results if isinstance(r, BaseException)]
     for r in failed:

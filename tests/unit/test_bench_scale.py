@@ -65,6 +65,19 @@ def test_one_node_listing_requests_equal_rounds() -> None:
     assert page.truncated and [o.key for o in page.objects] == keys[:1000]
 
 
+def test_listing_asks_one_record_more_than_the_page_and_needs_one_round() -> None:
+    keys = [f"k{i:05d}" for i in range(2500)]
+    fan, page = scale.simulate_listing([_records(keys)], max_keys=1000)   # merge_listing's limit
+    assert (fan.rounds, fan.requests, fan.records_sent, fan.records_merged) == (1, 1, 1001, 1001)
+    assert page.truncated and [o.key for o in page.objects] == keys[:1000]
+    fan, page = scale.simulate_listing([_records(keys)] * 3, max_keys=100)
+    assert (fan.rounds, fan.requests, fan.records_sent) == (1, 3, 303)
+    assert page.truncated and [o.key for o in page.objects] == keys[:100]
+    nodes = scale.make_nodes(3, "c", "control")      # the real merge_listing, the same counts
+    requests, sent, real = scale.count_with_merge_listing(nodes, [_records(keys)] * 3, 1000)
+    assert (requests, sent) == (3, 3003) and real.truncated and len(real.objects) == 1000
+
+
 def test_small_bucket_listing_takes_one_request_per_node() -> None:
     keys = [f"k{i:03d}" for i in range(300)]
     fan, page = scale.simulate_listing([_records(keys)] * 3, max_keys=1000, page_limit=1000)
@@ -88,7 +101,7 @@ def test_simulation_counts_match_merge_listing(monkeypatch: pytest.MonkeyPatch) 
     ring = scale.stand_in_ring(scale.make_nodes(4, "c", "control"), 4, "control")
     keys = [f"k{i:03d}" for i in range(120)]
     scans = scale.spread_keys(keys, ring, replicas=2)
-    fan, page = scale.simulate_listing(scans, max_keys=25, page_limit=7)
+    fan, page = scale.simulate_listing(scans, max_keys=25)   # asks for 8 a request
     requests, sent, real = scale.count_with_merge_listing(ring.nodes, scans, max_keys=25)
     assert fan.rounds > 1
     assert (fan.requests, fan.records_sent) == (requests, sent)
