@@ -5,21 +5,23 @@ docs/PROTOCOL.md and docs/OBSERVABILITY.md.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from prometheus_client.core import CounterMetricFamily
 from yarl import URL
 
 from node.fastpath import FastConn, FastPath, Request, Routes
 from node.fastpath import enabled_from_env as fast_path_enabled
-from node.logs import log_event, request_log
+from node.logs import log_event, log_step, request_log
 from node.metadb import MAP_KEY, GroupCommit, MetaDB, View, access_key, bucket_key, newest, object_key
 from node.metrics import REQUEST_ID, Families, ObservabilityConfig, counter, gauge, observability_config
 from node.server import (
@@ -35,7 +37,7 @@ from placement.cluster_map import ClusterMap
 from store.auth import CHECKSUM_HEADER
 from store.digest import matches as digest_matches
 from store.errors import BadRequest, Conflict, EcstoreError, NotFound
-from store.listing import MAX_ROLLED_DELIMITER_BYTES
+from store.listing import MAX_ROLLED_DELIMITER_BYTES, ROW_FIELDS
 from store.names import OPS_BUCKET, WORKER_OPS, check_bucket_name, check_key
 from store.transport import REQUEST_ID_RE
 from store.wire import MAX_RECORD_BYTES, pack, unpack
@@ -246,36 +248,46 @@ async def drop_record(request: web.Request) -> web.Response:
 
 
 MAX_DELIMITER_BYTES = MAX_ROLLED_DELIMITER_BYTES   # what the client pushes down
-LISTED_FIELDS = ("ts", "version_id", "deleted", "size", "etag", "content_type")
 
 
-async def list_objects(request: web.Request) -> web.Response:
-    """Sorted page of records (tombstones included: the client merge drops them). With a
-    delimiter, each common prefix is cut short at its first live record (scan_rolled) and
-    the reply says where to resume."""
-    bucket = check_bucket_name(request.match_info["bucket"], system_ok=True)
-    prefix = request.query.get("prefix", "")
-    after = request.query.get("after", "")
-    limit = query_int(request, "limit", 1000, MAX_SCAN_LIMIT)
-    delimiter = request.query.get("delimiter", "")
+def list_page(db: MetaDB, bucket: str, prefix: str, after: str, limit: int, delimiter: str,
+              full: bool = False, rows: bool = False) -> dict[str, Any]:
+    """A sorted page of object records (tombstones included: the client merge drops them).
+    With a delimiter (and not `full`), each common prefix is cut short at its first live
+    record (MetaDB.scan_listed) and the reply says where to resume. `full`: whole records,
+    for moving metadata; else what a listing shows - as maps ("records"), or with `rows`
+    as lists in ROW_FIELDS order ("rows": a third of the bytes, cheaper both ends)."""
     if len(delimiter.encode()) > MAX_DELIMITER_BYTES:
         raise BadRequest(f"delimiter longer than {MAX_DELIMITER_BYTES} bytes")
     base = object_key(bucket, "")
     start, since = base + prefix.encode(), base + after.encode() if after else b""
     reply: dict[str, Any] = {}
-    if delimiter and request.query.get("full") != "1":
-        rows, truncated, resume = request.app[DB].scan_rolled(start, since, limit, len(start),
-                                                              delimiter.encode())
-        if resume:
+    if full:
+        records, truncated = db.scan(start, since, limit)
+        reply["records"] = [{**r, "key": k[len(base):].decode()} for k, r in records]
+    else:
+        listed, truncated, resume = db.scan_listed(start, since, limit, len(start),
+                                                   delimiter.encode())
+        if delimiter and resume:
             reply["resume"] = resume[len(base):].decode()
-    else:
-        rows, truncated = request.app[DB].scan(start, since, limit)
-    if request.query.get("full") == "1":  # whole records, for moving metadata
-        records = [{**r, "key": k[len(base):].decode()} for k, r in rows]
-    else:
-        records = [{"key": k[len(base):].decode(), **{f: r.get(f) for f in LISTED_FIELDS}}
-                   for k, r in rows]
-    return msgpack_response({"records": records, "truncated": truncated, **reply})
+        cut = len(base)
+        for row in listed:
+            row[0] = row[0][cut:].decode()
+        if rows:
+            reply["rows"] = listed
+        else:
+            reply["records"] = [dict(zip(ROW_FIELDS, row)) for row in listed]
+    reply["truncated"] = truncated
+    return reply
+
+
+async def list_objects(request: web.Request) -> web.Response:
+    """GET /v1/list/{bucket}?prefix=&after=&limit=&delimiter=&full=1&rows=1: list_page."""
+    q = request.query
+    return msgpack_response(list_page(
+        request.app[DB], check_bucket_name(request.match_info["bucket"], system_ok=True),
+        q.get("prefix", ""), q.get("after", ""), query_int(request, "limit", 1000, MAX_SCAN_LIMIT),
+        q.get("delimiter", ""), q.get("full") == "1", q.get("rows") == "1"))
 
 
 ACCESS_HISTORY_MINUTES = 24 * 60   # read counts are kept per minute for this long
@@ -521,6 +533,13 @@ def control_metrics(app: web.Application, epoch: MapEpoch) -> Families:
                   "by the fast path (node.fastpath), without aiohttp.", fast.requests)
     yield counter("ecstore_control_fast_handovers", "Connections the fast path handed to "
                   "aiohttp (their first request not one it answers).", fast.handovers)
+    listed = CounterMetricFamily("ecstore_control_listed_rows", "Rows listing requests "
+                                 "sent, by what each was read from: its record's listing "
+                                 "summary, or the whole record (none that matched).",
+                                 labels=["source"])
+    for source, n in db.listed.items():
+        listed.add_metric([source], n)
+    yield listed
     commit = app.get(COMMIT)
     if commit is not None:
         yield counter("ecstore_control_db_writes", "Metadata writes (record, bucket, map, "
@@ -539,6 +558,40 @@ def control_metrics(app: web.Application, epoch: MapEpoch) -> Families:
         yield fam
 
 
+def _fill_failed(task: asyncio.Future[int]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logging.getLogger("ecstore.control").error(
+            "filling listing summaries failed (listings stay right, slower): %r", task.exception())
+
+
+SUMMARY_FILL_BATCH = 500   # records looked at per step of fill_summaries
+
+
+def _summarize(keys: list[bytes]) -> Callable[[View], int]:
+    def fn(view: View) -> int:
+        return sum(view.summarize(k) for k in keys)
+    return fn
+
+
+async def fill_summaries(db: MetaDB, commit: GroupCommit, batch: int = SUMMARY_FILL_BATCH) -> int:
+    """Write the listing summaries the object records lack - those a version without
+    them wrote - a batch at a time through the group commit, in the background after the
+    node starts (listings are right meanwhile: a record without a matching summary is
+    read whole). Returns how many it wrote; logs a step line if any."""
+    started, after, filled = time.monotonic(), b"", 0
+    while True:
+        keys, last = db.unsummarized(after, batch)
+        if keys:
+            filled += await commit.apply(_summarize(keys), lazy=True)
+        if last is None:
+            break
+        after = last
+        await asyncio.sleep(0)   # let requests in between batches
+    if filled:
+        log_step("summaries", started, filled=filled)
+    return filled
+
+
 def make_app(config: ControlConfig) -> web.Application:
     app = make_base_app(config.secret, MAX_BODY_BYTES, config.node_id, "control",
                         config.observability)
@@ -550,7 +603,11 @@ def make_app(config: ControlConfig) -> web.Application:
     async def open_db(app: web.Application) -> AsyncIterator[None]:
         app[DB] = MetaDB(config.data_dir / "db", config.fsync)
         app[COMMIT] = GroupCommit(app[DB])
+        filling = asyncio.ensure_future(fill_summaries(app[DB], app[COMMIT]))
+        filling.add_done_callback(_fill_failed)
         yield
+        filling.cancel()
+        await asyncio.gather(filling, return_exceptions=True)
         await app[COMMIT].drained()
         app[DB].close()
 

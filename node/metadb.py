@@ -1,7 +1,12 @@
 """Metadata records in RocksDB (rocksdict, raw bytes keys).
 
 Key layout: b"o" bucket b"\\0" key -> object record; b"b" bucket -> bucket record;
-b"m" -> the cluster map; b"a" bucket b"\\0" key -> how the object is read (tiering).
+b"m" -> the cluster map; b"a" bucket b"\\0" key -> how the object is read (tiering);
+b"l" bucket b"\\0" key -> the object record's listing summary: [CRC-32 of the record's
+bytes, then its SUMMARY_FIELDS], written with the record in the same batch, so a listing
+reads a few fields instead of decoding whole records. A summary whose CRC does not match
+its record (one written by a version without summaries, or none at all) is not used: the
+record is decoded instead, so a listing never depends on them.
 Every record carries "ts" (ns) and "version_id"; a put keeps the newest by
 (ts, version_id), so replicas converge whatever the order of arrival.
 
@@ -13,6 +18,7 @@ WAL sync, not N.
 from __future__ import annotations
 
 import asyncio
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -37,6 +43,20 @@ def access_key(bucket: str, key: str) -> bytes:
     return b"a" + bucket.encode() + b"\0" + key.encode()
 
 
+# what a listing shows of a record, in a summary's and a listed row's order (after the key)
+SUMMARY_FIELDS = listing.ROW_FIELDS[1:]
+DELETED = 3   # a listed row's "deleted": [key, ts, version_id, deleted, ...]
+
+
+def summary_key(k: bytes) -> bytes:
+    """The listing summary's key of an object record's key."""
+    return b"l" + k[1:]
+
+
+def summarize(value: bytes, record: dict[str, Any]) -> bytes:
+    return pack([zlib.crc32(value), *(record.get(f) for f in SUMMARY_FIELDS)])
+
+
 def bucket_key(bucket: str) -> bytes:
     return b"b" + bucket.encode()
 
@@ -56,6 +76,7 @@ class MetaDB:
         self.write_opts.sync = sync
         self.lazy_opts = WriteOptions()   # advisory data (read counts): no fsync
         self.lazy_opts.sync = False
+        self.listed = {"summary": 0, "record": 0}   # listed rows, by what they were read from
 
     def close(self) -> None:
         self.db.close()
@@ -90,35 +111,85 @@ class MetaDB:
             it.next()
         return out, False
 
-    def scan_rolled(self, prefix: bytes, after: bytes, limit: int, cut_from: int,
-                    delimiter: bytes) -> tuple[list[tuple[bytes, dict[str, Any]]], bool, bytes]:
-        """`scan` for a listing with a delimiter: under each common prefix (the key up to
-        the first `delimiter` at or past byte `cut_from`), records up to and including the
-        first live one, then a seek past the rest of that prefix. Returns the rows, whether
-        there are more, and the key to resume after (a prefix's end when the last row
-        closed one). A prefix shows by its first live key on this node; the client checks
-        across nodes that it is the newest version (store/listing.py)."""
-        it = self.db.iter()
+    def scan_listed(self, prefix: bytes, after: bytes, limit: int, cut_from: int = 0,
+                    delimiter: bytes = b"") -> tuple[list[list[Any]], bool, bytes]:
+        """What a listing shows of the object records whose key starts with prefix and
+        sorts after `after`: rows [key, *SUMMARY_FIELDS], sorted, each from the record's
+        summary where that matches the record, else from the record. With a delimiter, under
+        each common prefix (the key up to the first `delimiter` at or past byte
+        `cut_from`) only the rows up to and including the first live one, then a seek
+        past the rest of that prefix. Returns the rows, whether there are more, and the
+        key to resume after (a prefix's end when the last row closed one). A prefix shows
+        by its first live key on this node; the client checks across nodes that it is
+        the newest version (store/listing.py)."""
+        it, li = self.db.iter(), self.db.iter()
         start = max(prefix, after + b"\0") if after else prefix
         it.seek(start)
-        out: list[tuple[bytes, dict[str, Any]]] = []
+        li.seek(summary_key(start))
+        out: list[list[Any]] = []
         resume = after
+        listed = self.listed
         while it.valid():
             k = it.key()
             if not k.startswith(prefix):
-                return out, False, resume
+                break
             if len(out) == limit:
                 return out, True, resume
-            record = unpack(it.value())
-            out.append((k, record))
+            value = it.value()
+            row = None
+            want = b"l" + k[1:]
+            lk = li.key() if li.valid() else None
+            if lk is not None and lk < want:   # summaries of records gone, or a seek
+                li.seek(want)
+                lk = li.key() if li.valid() else None
+            if lk == want:
+                row = unpack(li.value())
+                li.next()
+                if row[0] == zlib.crc32(value):
+                    row[0] = k
+                    listed["summary"] += 1
+                else:
+                    row = None
+            if row is None:
+                record = unpack(value)
+                row = [k, *(record.get(f) for f in SUMMARY_FIELDS)]
+                listed["record"] += 1
+            out.append(row)
             resume = k
-            cut = k.find(delimiter, cut_from)
-            if cut >= 0 and not record.get("deleted"):
+            cut = k.find(delimiter, cut_from) if delimiter else -1
+            if cut >= 0 and not row[DELETED]:
                 resume = k[:cut + len(delimiter)] + PAST_PREFIX
                 it.seek(resume + b"\0")
                 continue
             it.next()
         return out, False, resume
+
+    def unsummarized(self, after: bytes, limit: int) -> tuple[list[bytes], bytes | None]:
+        """Object records after `after` (up to `limit` of them looked at) whose listing
+        summary is missing or does not match: their keys, and the last key looked at
+        (None: no more records)."""
+        it, li = self.db.iter(), self.db.iter()
+        start = after + b"\0" if after else b"o"
+        it.seek(start)
+        li.seek(summary_key(start))
+        out: list[bytes] = []
+        last: bytes | None = None
+        for _ in range(limit):
+            if not it.valid():
+                return out, None
+            k = it.key()
+            if k[:1] != b"o":
+                return out, None
+            want = summary_key(k)
+            lk = li.key() if li.valid() else None
+            if lk is not None and lk < want:
+                li.seek(want)
+                lk = li.key() if li.valid() else None
+            if lk != want or unpack(li.value())[0] != zlib.crc32(it.value()):
+                out.append(k)
+            last = k
+            it.next()
+        return out, last if it.valid() and it.key()[:1] == b"o" else None
 
     def get_map(self) -> bytes | None:
         return self.db.get(MAP_KEY)
@@ -146,11 +217,29 @@ class View:
         raw = self.get_raw(k)
         return None if raw is None else unpack(raw)
 
-    def put(self, k: bytes, value: dict[str, Any] | bytes) -> None:
-        self._stage(k, value if isinstance(value, bytes) else pack(value))
+    def put(self, k: bytes, value: dict[str, Any] | bytes,
+            record: dict[str, Any] | None = None) -> None:
+        """Stage value (a dict, or packed: then `record` is it unpacked, if the caller
+        has that). An object record's listing summary is staged with it."""
+        packed = value if isinstance(value, bytes) else pack(value)
+        self._stage(k, packed)
+        if k[:1] == b"o":
+            if record is None:
+                record = value if isinstance(value, dict) else unpack(packed)
+            self._stage(summary_key(k), summarize(packed, record))
+
+    def summarize(self, k: bytes) -> bool:
+        """Stage the listing summary of the object record at k as it is (if it is there)."""
+        raw = self.get_raw(k)
+        if raw is None:
+            return False
+        self._stage(summary_key(k), summarize(raw, unpack(raw)))
+        return True
 
     def delete(self, k: bytes) -> None:
         self._stage(k, None)
+        if k[:1] == b"o":
+            self._stage(summary_key(k), None)
 
     def _stage(self, k: bytes, value: bytes | None) -> None:
         self._undo.append((k, self.staged.get(k, self._ABSENT)))
@@ -288,6 +377,6 @@ def newest(k: bytes, record: dict[str, Any], packed: bytes | None = None
         current = view.get(k)
         if current is not None and order(current) >= order(record):
             return False, current
-        view.put(k, record if packed is None else packed)
+        view.put(k, record if packed is None else packed, record)
         return True, record
     return fn

@@ -22,6 +22,8 @@ from store.wire import unpack
 PAGE_LIMIT = 1000   # records one node sends per request, at most (+1, see node_limit)
 MAX_ROLLED_DELIMITER_BYTES = 1024   # what a control node takes (a longer one is in no key)
 PAST_PREFIX = "\U0010ffff"  # sorts after any key character, in UTF-8 bytes too
+# a control node's listed row (GET /v1/list/{bucket}?rows=1): these fields, in this order
+ROW_FIELDS = ("key", "ts", "version_id", "deleted", "size", "etag", "content_type")
 
 
 def node_limit(max_keys: int) -> int:
@@ -114,13 +116,16 @@ class _NodeCursor:
         self.truncated = True
 
     async def fetch(self) -> None:
-        query: dict[str, Any] = {"prefix": self.prefix, "after": self.after, "limit": self.limit}
+        query: dict[str, Any] = {"prefix": self.prefix, "after": self.after, "limit": self.limit,
+                                 "rows": 1}
         if self.delimiter:
             query["delimiter"] = self.delimiter
         reply = await self.t.request("GET", self.node.address, f"/v1/list/{self.bucket}",
                                      query=query, timeout_s=10.0)
         body = unpack(reply.body)
-        self.page, self.truncated = body["records"], body["truncated"]
+        rows = body.get("rows")   # None: a node that sends maps ("records") only
+        self.page = body["records"] if rows is None else [dict(zip(ROW_FIELDS, r)) for r in rows]
+        self.truncated = body["truncated"]
         if self.page:
             self.after = body.get("resume") or self.page[-1]["key"]
 
@@ -141,7 +146,7 @@ async def merge_listing(t: Transport, nodes: tuple[Node, ...], bucket: str, pref
     control node does not stall listings); up to `allowed_failures` may fail in all.
 
     With a delimiter (and `rolled`), each node sends, under each common prefix, only its
-    records up to its first live one (node/metadb.py scan_rolled): a prefix of a million
+    records up to its first live one (node/metadb.py scan_listed): a prefix of a million
     keys costs a few records, not a million. That is exact as long as the smallest such
     first-live key of all nodes is the newest version of its key - every node sent all
     its records up to it, so that is known; when it is not (a delete that has not reached

@@ -1,4 +1,4 @@
-"""Listings with a delimiter, rolled up on the control nodes (MetaDB.scan_rolled: under
+"""Listings with a delimiter, rolled up on the control nodes (MetaDB.scan_listed: under
 each common prefix only the records up to the first live one), merged by the client
 (store.listing.merge_listing), against the naive model - with replicas that missed
 acknowledged writes and deletes, as a write quorum of 2 of 3 allows."""
@@ -14,14 +14,13 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from node.control import MAX_DELIMITER_BYTES
-from node.metadb import MetaDB, object_key
+from node.control import list_page
+from node.metadb import MetaDB, View, object_key
 from placement.nodes import Node
 from store import listing
-from store.errors import BadRequest
 from store.listing import merge_listing
 from store.transport import Reply, Transport
-from store.wire import pack
+from store.wire import pack, unpack
 from tests.cluster.test_listing import model, walk_pages
 
 BUCKET = "b"
@@ -29,7 +28,7 @@ NODES = tuple(Node(f"c{i}", f"http://c{i}", zone=f"c{i}", tier="control") for i 
 
 
 class DBTransport(Transport):
-    """The control node's list route (node/control.py list_objects) over one real MetaDB
+    """The control node's list route (node/control.py list_page) over one real MetaDB
     per node, counting records sent."""
 
     def __init__(self, dbs: dict[str, MetaDB]) -> None:
@@ -40,29 +39,33 @@ class DBTransport(Transport):
                       body: bytes | bytearray | memoryview = b"", checksum: str | None = None,
                       query: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
                       timeout_s: float = 10.0, ok_404: bool = False) -> Reply:
-        assert query is not None
-        if len(query.get("delimiter", "").encode()) > MAX_DELIMITER_BYTES:
-            raise BadRequest("delimiter longer than 1024 bytes")     # as list_objects
-        db, base = self.dbs[base_url], object_key(BUCKET, "")
-        start = base + query["prefix"].encode()
-        since = base + query["after"].encode() if query["after"] else b""
-        reply: dict[str, Any] = {}
-        if query.get("delimiter"):
-            rows, truncated, resume = db.scan_rolled(start, since, int(query["limit"]),
-                                                     len(start), query["delimiter"].encode())
-            if resume:
-                reply["resume"] = resume[len(base):].decode()
-        else:
-            rows, truncated = db.scan(start, since, int(query["limit"]))
-        self.sent += len(rows)
-        records = [{**r, "key": k[len(base):].decode()} for k, r in rows]
-        return Reply(200, {}, bytearray(pack({"records": records, "truncated": truncated,
-                                              **reply})))
+        assert query is not None and path == f"/v1/list/{BUCKET}"
+        reply = list_page(self.dbs[base_url], BUCKET, query["prefix"], query["after"],
+                          int(query["limit"]), query.get("delimiter", ""),
+                          rows=str(query.get("rows")) == "1")
+        self.sent += len(reply["rows"])
+        return Reply(200, {}, bytearray(pack(reply)))
 
 
 def rec(ts: int, deleted: bool) -> bytes:
     return pack({"ts": ts, "version_id": f"v{ts:04d}", "deleted": deleted, "size": 1,
                  "etag": None, "content_type": ""})
+
+
+HOWS = ("summary", "none", "stale")
+
+
+def store(db: MetaDB, key: str, value: bytes, how: str) -> None:
+    """Write a record as a control node does ("summary": with its listing summary), as one
+    that keeps none ("none"), or over a summary of another version ("stale": a record a
+    node without summaries wrote after one with them) - which must not be listed."""
+    k = object_key(BUCKET, key)
+    if how != "none":
+        view = View(db)
+        view.put(k, value if how == "summary" else rec(10**6, not unpack(value)["deleted"]))
+        db.write(view.staged, sync=False)
+    if how != "summary":
+        db.write({k: value}, sync=False)
 
 
 names = st.text(alphabet="ab/", min_size=1, max_size=5)
@@ -71,9 +74,11 @@ histories = st.dictionaries(names, st.tuples(st.lists(st.booleans(), min_size=1,
                                              st.integers(-1, 2)), max_size=30)
 
 
-def fill(dbs: list[MetaDB], history: dict[str, tuple[list[bool], int]]) -> list[str]:
+def fill(dbs: list[MetaDB], history: dict[str, tuple[list[bool], int]],
+         how: str = "summary") -> list[str]:
     """Write every key's history to all three nodes, except that node `missed` (if >= 0)
-    keeps the second newest state; returns the keys live at their newest write."""
+    keeps the second newest state; returns the keys live at their newest write. `how`
+    (see store), or "mixed": each key's own by its length."""
     live = []
     for key, (writes, missed) in history.items():
         for n, db in enumerate(dbs):
@@ -81,7 +86,8 @@ def fill(dbs: list[MetaDB], history: dict[str, tuple[list[bool], int]]) -> list[
             if n == missed and len(writes) == 1:
                 continue                      # the only write never reached this node
             ts = upto
-            db.write({object_key(BUCKET, key): rec(ts, writes[upto - 1])}, sync=False)
+            store(db, key, rec(ts, writes[upto - 1]),
+                  HOWS[len(key) % len(HOWS)] if how == "mixed" else how)
         if not writes[-1]:
             live.append(key)
     return sorted(live)
@@ -108,12 +114,12 @@ def walk(t: Transport, prefix: str, delimiter: str, max_keys: int,
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(history=histories, prefix=st.sampled_from(["", "a", "a/", "b/"]),
        delimiter=st.sampled_from(["/", "b", "ab"]), max_keys=st.integers(1, 12),
-       page_limit=st.integers(1, 6))
+       page_limit=st.integers(1, 6), how=st.sampled_from([*HOWS, "mixed"]))
 def test_rolled_listing_matches_the_model(history: dict[str, tuple[list[bool], int]],
                                           prefix: str, delimiter: str, max_keys: int,
-                                          page_limit: int) -> None:
+                                          page_limit: int, how: str) -> None:
     with tempfile.TemporaryDirectory() as tmp, replicas(Path(tmp)) as (dbs, t):
-        live = fill(dbs, history)
+        live = fill(dbs, history, how)
         old = listing.PAGE_LIMIT
         listing.PAGE_LIMIT = page_limit       # many rounds and node pages
         try:
@@ -124,6 +130,11 @@ def test_rolled_listing_matches_the_model(history: dict[str, tuple[list[bool], i
         want_objs, want_prefixes, _ = model(live, prefix, delimiter, "", 10**9)
         assert got == (want_objs, want_prefixes)
         assert full == got
+        listed = {src: sum(db.listed[src] for db in dbs) for src in ("summary", "record")}
+        if how == "summary":   # every row from a summary; else from records, but "mixed"
+            assert listed["record"] == 0
+        elif how != "mixed":
+            assert listed["summary"] == 0
 
 
 def test_a_rolled_prefix_costs_a_record_per_node_not_one_per_key(tmp_path: Path) -> None:
