@@ -10,10 +10,11 @@ import logging
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl
 
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily
@@ -26,6 +27,7 @@ from node.metadb import MAP_KEY, GroupCommit, MetaDB, View, access_key, bucket_k
 from node.metrics import REQUEST_ID, Families, ObservabilityConfig, counter, gauge, observability_config
 from node.server import (
     OBSERVER,
+    int_param,
     make_base_app,
     node_arg_parser,
     query_int,
@@ -283,11 +285,17 @@ def list_page(db: MetaDB, bucket: str, prefix: str, after: str, limit: int, deli
 
 async def list_objects(request: web.Request) -> web.Response:
     """GET /v1/list/{bucket}?prefix=&after=&limit=&delimiter=&full=1&rows=1: list_page."""
-    q = request.query
-    return msgpack_response(list_page(
-        request.app[DB], check_bucket_name(request.match_info["bucket"], system_ok=True),
-        q.get("prefix", ""), q.get("after", ""), query_int(request, "limit", 1000, MAX_SCAN_LIMIT),
-        q.get("delimiter", ""), q.get("full") == "1", q.get("rows") == "1"))
+    return web.Response(body=list_reply(request.app[DB], request.match_info["bucket"],
+                                         request.query), content_type=MSGPACK)
+
+
+def list_reply(db: MetaDB, bucket: str, query: Mapping[str, str]) -> bytes:
+    """list_objects' answer, packed (both paths): the bucket name checked first, then
+    the limit, then the delimiter."""
+    return pack(list_page(
+        db, check_bucket_name(bucket, system_ok=True), query.get("prefix", ""),
+        query.get("after", ""), int_param(query.get("limit"), "limit", 1000, MAX_SCAN_LIMIT),
+        query.get("delimiter", ""), query.get("full") == "1", query.get("rows") == "1"))
 
 
 ACCESS_HISTORY_MINUTES = 24 * 60   # read counts are kept per minute for this long
@@ -440,6 +448,28 @@ _OBJECT_PATH = re.compile(r"/v1/objects/(?P<bucket>[^{}/]+)/(?P<key>.+)")
 _PLAIN_TARGET = re.compile(r"(?:[A-Za-z0-9._~/-]|%[0-9A-Fa-f]{2})+")
 
 
+_LIST_PATH = re.compile(r"/v1/list/(?P<bucket>[^{}/]+)")
+# queries the fast path routes: what urlencode writes (unreserved, "+", whole %XX escapes)
+_PLAIN_QUERY = re.compile(r"(?:[A-Za-z0-9._~/+=&-]|%[0-9A-Fa-f]{2})*")
+
+
+def _route_list(method: str, target: str) -> tuple[str, Any] | None:
+    """GET /v1/list/{bucket}?query: (bucket, the query's parameters, the first of each
+    name, decoded as aiohttp's yarl decodes them: "+" a space, %XX UTF-8)."""
+    path, _, qs = target.partition("?")
+    if method != "GET" or not _PLAIN_TARGET.fullmatch(path) or not _PLAIN_QUERY.fullmatch(qs):
+        return None
+    m = _LIST_PATH.fullmatch(URL.build(path=path, encoded=True).path_safe)
+    if m is None:
+        return None
+    query: dict[str, str] = {}
+    for name, value in parse_qsl(qs, keep_blank_values=True):
+        if "\ufffd" in value or "\ufffd" in name:   # not UTF-8: aiohttp judges it
+            return None
+        query.setdefault(name, value)
+    return "list_objects", (_unquote_safe(m["bucket"]), query)
+
+
 def _unquote_safe(value: str) -> str:
     """What aiohttp's router does to a matched value after path_safe."""
     return value.replace("%2F", "/").replace("%25", "%") if "%" in value else value
@@ -448,11 +478,11 @@ def _unquote_safe(value: str) -> str:
 class RecordRoutes(Routes):
     """A control node's fast requests (node.fastpath): the object record reads and
     writes that are nearly all of its traffic - GET and PUT /v1/objects/{bucket}/{key},
-    POST /v1/objects and /v1/objects/read - answered as their aiohttp routes above
+    POST /v1/objects and /v1/objects/read - and listings, GET /v1/list/{bucket}, answered as their aiohttp routes above
     answer them (the same checks in the same order, statuses, bodies, batch and request
     log lines). Names are unescaped as aiohttp's router unescapes them (yarl's
-    path_safe, then %2F and %25); a target with a query or a character an HTTP parser
-    might refuse goes to aiohttp."""
+    path_safe, then %2F and %25); a target with a query (but a listing's) or a character
+    an HTTP parser might refuse goes to aiohttp."""
 
     def __init__(self) -> None:
         self.db: MetaDB | None = None
@@ -463,6 +493,8 @@ class RecordRoutes(Routes):
 
     def route(self, method: str, target: str, headers: dict[str, str],
               length: int) -> tuple[str, Any] | None:
+        if target.startswith("/v1/list/"):
+            return _route_list(method, target)
         if target == "/v1/objects" or target == "/v1/objects/read":
             if method != "POST" or not length:
                 return None
@@ -482,6 +514,9 @@ class RecordRoutes(Routes):
         db, commit = self.db, self.commit
         assert db is not None and commit is not None
         op = req.op
+        if op == "list_objects":
+            conn.reply(req, 200, list_reply(db, *req.arg), MSGPACK)
+            return
         if op == "get_object":
             conn.reply(req, 200, stored_record(db, *checked_names(*req.arg)), MSGPACK)
             return

@@ -582,8 +582,13 @@ async def verified_body(request: web.Request) -> bytes:
 
 def query_int(request: web.Request, name: str, default: int, maximum: int) -> int:
     """An integer query parameter in 1..maximum; BadRequest otherwise."""
+    return int_param(request.query.get(name), name, default, maximum)
+
+
+def int_param(text: str | None, name: str, default: int, maximum: int) -> int:
+    """query_int of a parameter's text (None: absent)."""
     try:
-        value = int(request.query.get(name, default))
+        value = int(default if text is None else text)
     except ValueError:
         raise BadRequest(f"{name} must be an integer") from None
     if not 1 <= value <= maximum:

@@ -217,11 +217,13 @@ class _Conn(asyncio.BufferedProtocol):
 
 def data_lane(method: str, path_qs: str) -> bool:
     """True for the requests a node answers on its fast path (node.fastpath): fragment
-    GETs and PUTs, object record GETs and PUTs, record batches. A node hands a
+    GETs and PUTs, object record GETs and PUTs, record batches, listings. A node hands a
     connection to aiohttp for good at its first other request, so those others (the
-    map, buckets, listings, read reports, deletes, health) go over connections of their
-    own: a pooled connection that carried a map fetch would carry every record after it
+    map, buckets, read reports, deletes, health) go over connections of their own: a
+    pooled connection that carried a map fetch would carry every record after it
     through aiohttp."""
+    if path_qs.startswith("/v1/list/"):
+        return method == "GET"
     if "?" in path_qs:
         return False
     if path_qs.startswith("/v1/fragments/"):

@@ -148,8 +148,8 @@ RAW_KEYS = ["a%2Fb", "a%2fb", "a%252Fb", "a%25b", "%E2%82%AC", "%FF%FE", "a%2F..
 
 
 def test_keys_are_unescaped_as_aiohttps_router_does(fast: Node, plain: Node) -> None:
-    """Each raw target PUT on both nodes, then the bucket listed through aiohttp (the
-    listing route): the same keys stored under the same names, the same answers."""
+    """Each raw target PUT on both nodes, then the bucket listed (by each node's own
+    path): the same keys stored under the same names, the same answers."""
     answers = {}
     for node in (fast, plain):
         steps = [request("PUT", f"/v1/objects/raw/{k}", record(1, f"v{i}"))
@@ -166,6 +166,41 @@ def test_keys_are_unescaped_as_aiohttps_router_does(fast: Node, plain: Node) -> 
     # %2F and %2f both a "/" (the second put, of the same ts, the newer version), %252F
     # the three characters "%2F", a euro sign from its UTF-8
     assert {("a/b", "v1"), ("a%2Fb", "v2"), ("\u20ac", "v4")} <= set(listed[0])
+
+
+def test_listings_get_the_answers_aiohttp_gives(fast: Node, plain: Node) -> None:
+    """The same records on both nodes, then listings good and bad - rows and maps,
+    prefixes, delimiters, resumes, whole records, escapes, a repeated parameter, every
+    refusal - on one connection: the fast node answers each itself, as aiohttp does."""
+    keys = ["a/1", "a/2", "a/3/x", "b x", "c+d", "\u00e9/1", "gone/1", "z"]
+    for node in (fast, plain):
+        steps = [request("PUT", f"/v1/objects/lst/{quote_key(k)}", record(1, f"v-{k}"))
+                 for k in keys]
+        steps.append(request("PUT", "/v1/objects/lst/gone%2F1",
+                             record(2, "v-del", deleted=True)))   # a tombstone
+        assert [a[0] for a in converse(node.port, steps)] == [200] * len(steps)
+    targets = [
+        "/v1/list/lst", "/v1/list/lst?prefix=a%2F&limit=10&rows=1",
+        "/v1/list/lst?prefix=&after=&delimiter=%2F&rows=1", "/v1/list/lst?delimiter=%2F",
+        "/v1/list/lst?after=a%2F1&limit=1", "/v1/list/lst?after=a%2F1&limit=2&rows=1",
+        "/v1/list/lst?prefix=b+x&rows=1", "/v1/list/lst?prefix=%C3%A9", "/v1/list/lst?full=1",
+        "/v1/list/lst?prefix=c%2B&prefix=a", "/v1/list/lst?rows&limit=3",
+        "/v1/list/nobucket?rows=1", "/v1/list/lst?limit=0", "/v1/list/lst?limit=x",
+        "/v1/list/lst?limit=10001", "/v1/list/lst?limit=", "/v1/list/BAD_?limit=x",
+        "/v1/list/lst?delimiter=" + "x" * 1025,
+    ]
+    before = metrics(fast)["fast_requests"]
+    got_fast = converse(fast.port, [request("GET", t) for t in targets])
+    got_plain = converse(plain.port, [request("GET", t) for t in targets])
+    assert [a[0] for a in got_fast] == [200] * 12 + [400] * 6
+    assert got_fast == got_plain
+    assert metrics(fast)["fast_requests"] - before == len(targets)
+    rows = unpack(got_fast[2][2])
+    assert [r[0] for r in rows["rows"]] == ["a/1", "b x", "c+d", "gone/1", "z", "\u00e9/1"]
+    assert rows["rows"][3][3] is True                 # the tombstone, and the end of é/
+    assert rows["resume"] == "\u00e9/\U0010ffff"
+    assert [r[0] for r in unpack(got_fast[6][2])["rows"]] == ["b x"]
+    assert [r["key"] for r in unpack(got_fast[9][2])["records"]] == ["c+d"]   # the first
 
 
 # ---- anything else: aiohttp's, with every byte ----------------------------------------------
@@ -209,6 +244,11 @@ ODD = {
     "expect": request("PUT", "/v1/objects/odd/k", record(1, "v"), {"Expect": "100-continue"}),
     "too large": request("POST", "/v1/objects", b"x" * (9 * 1024 * 1024)),
     "non-ascii": request("GET", "/v1/objects/odd/k", headers={"x-note": "caf\u00e9"}),
+    "list: a query not UTF-8": request("GET", "/v1/list/odd?prefix=%ff"),
+    "list: a bad escape in the query": request("GET", "/v1/list/odd?prefix=a%2"),
+    "list: sub-delims in the query": request("GET", "/v1/list/odd?prefix=a;b=c"),
+    "list: by POST": request("POST", "/v1/list/odd", b"x"),
+    "list: no bucket": request("GET", "/v1/list/"),
 }
 
 
@@ -238,10 +278,10 @@ def test_a_record_put_cut_short_is_not_stored_and_the_node_serves_on(fast: Node)
 # ---- the client's lanes ---------------------------------------------------------------------
 def test_the_client_keeps_record_requests_off_connections_other_requests_used(
         fast: Node) -> None:
-    """A map fetch, a listing and a read report through the client library, then record
-    writes and reads: those go over connections of their own, so the fast path answers
-    every one (with one pooled lane for everything, the map fetch's connection would
-    have carried them all to aiohttp)."""
+    """A map fetch and read-count listings through the client library among record
+    writes, reads and listings: those go over connections of their own, so the fast path
+    answers every record request and listing (with one pooled lane for everything, the
+    map fetch's connection would have carried them all to aiohttp)."""
     before = metrics(fast)
     url = f"http://127.0.0.1:{fast.port}"
 
@@ -253,6 +293,7 @@ def test_the_client_keeps_record_requests_off_connections_other_requests_used(
                 await t.request("PUT", url, f"/v1/objects/lane/{quote_key(f'k/{i}')}",
                                 body=record(1, f"v{i}"))
                 assert unpack((await t.request("GET", url, "/v1/list/lane")).body)["records"]
+                assert (await t.request("GET", url, "/v1/access/lane")).status == 200
                 got = await t.request("GET", url, f"/v1/objects/lane/{quote_key(f'k/{i}')}")
                 assert unpack(got.body)["version_id"] == f"v{i}"
             await t.request("POST", url, "/v1/objects/read",
@@ -261,8 +302,8 @@ def test_the_client_keeps_record_requests_off_connections_other_requests_used(
             await t.close()
     asyncio.run(go())
     after = metrics(fast)
-    assert after["fast_requests"] - before["fast_requests"] == 21
-    # the map's connection (which then carried the listings) and the scrape's
+    assert after["fast_requests"] - before["fast_requests"] == 31
+    # the map's connection (which then carried the read-count listings) and the scrape's
     assert after["fast_handovers"] - before["fast_handovers"] == 2
 
 
