@@ -564,8 +564,8 @@ def control_metrics(app: web.Application, epoch: MapEpoch) -> Families:
     yield gauge("ecstore_control_db_bytes", "Bytes of this node's metadata database files.",
                 _dir_bytes(app[CONFIG].data_dir))
     fast = app[FAST]
-    yield counter("ecstore_control_fast_requests", "Object record reads and writes answered "
-                  "by the fast path (node.fastpath), without aiohttp.", fast.requests)
+    yield counter("ecstore_control_fast_requests", "Object record reads and writes and "
+                  "listings answered by the fast path (node.fastpath), without aiohttp.", fast.requests)
     yield counter("ecstore_control_fast_handovers", "Connections the fast path handed to "
                   "aiohttp (their first request not one it answers).", fast.handovers)
     listed = CounterMetricFamily("ecstore_control_listed_rows", "Rows listing requests "

@@ -15,8 +15,9 @@ its role's `Routes` take:
 - a storage node's (`FragmentRoutes`): `GET /v1/fragments/{fid}`, by sendfile when the
   record is cached and >= 64 KiB, from the page cache in the loop, else read in a
   thread; `PUT /v1/fragments/{fid}`, then the node's batch writer;
-- a control node's (node.control.RecordRoutes): object record GETs and PUTs and the
-  record batches, `POST /v1/objects` and `/v1/objects/read`.
+- a control node's (node.control.RecordRoutes): object record GETs and PUTs, the
+  record batches, `POST /v1/objects` and `/v1/objects/read`, and listings,
+  `GET /v1/list/{bucket}`.
 
 A request body (with a Content-Length) is received straight into one buffer, no copy
 out of the socket's chunks. Anything else - another route or method, a request not
@@ -28,8 +29,8 @@ stays with aiohttp from then on: it gives every error, limit and odd case the an
 gave before. So the fast path only ever answers requests whose answer it can give
 exactly; `ECSTORE_FAST_PATH=0` turns it off (every connection aiohttp's from its first
 byte). The client library keeps the requests a fast path takes on connections of their
-own (store.fetch.data_lane), so a map fetch or a listing does not take a pooled
-connection to aiohttp for good.
+own (store.fetch.data_lane), so a map fetch does not take a pooled connection to aiohttp
+for good.
 """
 from __future__ import annotations
 
