@@ -48,7 +48,7 @@ from placement.hashing import hash64, key_bytes
 from placement.nodes import Node
 from placement.policy import Policy
 from placement.ring import MAX_PART_POWER, Ring
-from store.listing import PAGE_LIMIT, ListResult, merge_listing, merge_page, newest_per_key, node_limit
+from store.listing import KEY, PAGE_LIMIT, ListResult, Row, merge_listing, merge_page, newest_per_key, node_limit
 from store.transport import Reply, Transport
 from store.wire import pack
 
@@ -67,7 +67,7 @@ PROFILES: dict[str, dict[str, int]] = {
     "full": dict(lookup_keys=100_000, move_keys=200_000, bucket_keys=200_000, repeats=5, build_limit=300),
 }
 
-Record = dict[str, Any]
+Record = Row   # [key, ts, version_id, deleted, size, etag, content_type]
 Log = Callable[[str], None]
 
 
@@ -283,9 +283,9 @@ def moved_rows(base: Ring, p: dict[str, int], log: Log) -> list[dict[str, Any]]:
 
 # ---- listing fan-out ----------------------------------------------------------------------------
 def record(key: str, i: int) -> Record:
-    """A record as a control node's scan returns it (node/control.py LISTED_FIELDS + key)."""
-    return {"key": key, "ts": 1_700_000_000_000_000_000 + i, "version_id": f"{i:026x}", "deleted": False,
-            "size": 4 * 1024 * 1024, "etag": f"{i:032x}", "content_type": "application/octet-stream"}
+    """A record as a control node's listing sends it (a row, store.listing.ROW_FIELDS)."""
+    return [key, 1_700_000_000_000_000_000 + i, f"{i:026x}", False, 4 * 1024 * 1024, f"{i:032x}",
+            "application/octet-stream"]
 
 
 def spread_keys(keys: Sequence[str], ring: Ring, replicas: int) -> list[list[Record]]:
@@ -344,10 +344,10 @@ def simulate_listing(scans: Sequence[Sequence[Record]], max_keys: int,
     collected: list[Record] = []
     while True:
         more = [c for c in cursors if c.truncated and c.page]
-        horizon = min((c.page[-1]["key"] for c in more), default=None)
-        batch = [[r for r in c.page if horizon is None or r["key"] <= horizon] for c in cursors]
+        horizon = min((c.page[-1][KEY] for c in more), default=None)
+        batch = [[r for r in c.page if horizon is None or r[KEY] <= horizon] for c in cursors]
         for c in cursors:
-            c.page = [r for r in c.page if horizon is not None and r["key"] > horizon]
+            c.page = [r for r in c.page if horizon is not None and r[KEY] > horizon]
         fan.rounds += 1
         fan.records_merged += sum(map(len, batch))
         assert fan.batches is not None
@@ -389,10 +389,10 @@ class ScanTransport(Transport):
         assert method == "GET" and path.startswith("/v1/list/") and query is not None
         scan = self.scans[base_url]
         after, limit = query["after"], int(query["limit"])
-        rows = [r for r in scan if r["key"] > after and r["key"].startswith(query["prefix"])]
+        rows = [r for r in scan if r[KEY] > after and r[KEY].startswith(query["prefix"])]
         self.requests += 1
         self.records_sent += min(limit, len(rows))
-        return Reply(200, {}, bytearray(pack({"records": rows[:limit],
+        return Reply(200, {}, bytearray(pack({"rows": rows[:limit],
                                               "truncated": len(rows) > limit})))
 
 

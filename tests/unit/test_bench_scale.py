@@ -20,7 +20,7 @@ def _ring(rows: list[list[int]], nodes: list[Node], part_power: int) -> Ring:
     return ring
 
 
-def _records(keys: list[str]) -> list[dict[str, object]]:
+def _records(keys: list[str]) -> list[scale.Record]:
     return [scale.record(k, i) for i, k in enumerate(keys)]
 
 
@@ -91,8 +91,8 @@ def test_spread_keys_puts_each_key_on_r_nodes_in_order() -> None:
     scans = scale.spread_keys(keys, ring, replicas=3)
     assert sum(map(len, scans)) == 3 * 200
     for scan in scans:
-        assert [r["key"] for r in scan] == sorted(r["key"] for r in scan)
-    held = {k: sum(any(r["key"] == k for r in s) for s in scans) for k in keys[:20]}
+        assert [r[0] for r in scan] == sorted(r[0] for r in scan)
+    held = {k: sum(any(r[0] == k for r in s) for s in scans) for k in keys[:20]}
     assert set(held.values()) == {3}
 
 
