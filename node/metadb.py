@@ -26,6 +26,7 @@ from typing import Any, Generic, TypeVar
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from store import listing
+from store.errors import EcstoreError
 from store.wire import pack, unpack
 
 MAP_KEY = b"m"
@@ -55,6 +56,36 @@ def summary_key(k: bytes) -> bytes:
 
 def summarize(value: bytes, record: dict[str, Any]) -> bytes:
     return pack([zlib.crc32(value), *(record.get(f) for f in SUMMARY_FIELDS)])
+
+
+class SummaryCursor:
+    """The listing summaries of a scan's object records, read in step with the scan by a
+    second iterator (each record's summary, if any, is the next summary key after the
+    previous record's: a seek only after a gap)."""
+
+    def __init__(self, db: Rdict, start: bytes) -> None:
+        self.it = db.iter()
+        self.it.seek(summary_key(start))
+
+    def of(self, k: bytes, value: bytes) -> list[Any] | None:
+        """The summary of the record `value` at `k` unpacked ([CRC, *SUMMARY_FIELDS]), or
+        None when there is none or it is not this record's."""
+        it, want = self.it, b"l" + k[1:]
+        lk = it.key() if it.valid() else None
+        if lk is not None and lk < want:   # summaries of records gone, or a seek
+            it.seek(want)
+            lk = it.key() if it.valid() else None
+        if lk != want:
+            return None
+        raw = it.value()
+        it.next()
+        try:
+            row = unpack(raw)
+        except EcstoreError:
+            return None
+        if type(row) is list and len(row) == len(SUMMARY_FIELDS) + 1 and row[0] == zlib.crc32(value):
+            return row
+        return None
 
 
 def bucket_key(bucket: str) -> bytes:
@@ -122,10 +153,10 @@ class MetaDB:
         key to resume after (a prefix's end when the last row closed one). A prefix shows
         by its first live key on this node; the client checks across nodes that it is
         the newest version (store/listing.py)."""
-        it, li = self.db.iter(), self.db.iter()
+        it = self.db.iter()
         start = max(prefix, after + b"\0") if after else prefix
         it.seek(start)
-        li.seek(summary_key(start))
+        summaries = SummaryCursor(self.db, start)
         out: list[list[Any]] = []
         resume = after
         listed = self.listed
@@ -136,21 +167,11 @@ class MetaDB:
             if len(out) == limit:
                 return out, True, resume
             value = it.value()
-            row = None
-            want = b"l" + k[1:]
-            lk = li.key() if li.valid() else None
-            if lk is not None and lk < want:   # summaries of records gone, or a seek
-                li.seek(want)
-                lk = li.key() if li.valid() else None
-            if lk == want:
-                row = unpack(li.value())
-                li.next()
-                if row[0] == zlib.crc32(value):
-                    row[0] = k
-                    listed["summary"] += 1
-                else:
-                    row = None
-            if row is None:
+            row = summaries.of(k, value)
+            if row is not None:
+                row[0] = k
+                listed["summary"] += 1
+            else:
                 record = unpack(value)
                 row = [k, *(record.get(f) for f in SUMMARY_FIELDS)]
                 listed["record"] += 1
@@ -168,10 +189,10 @@ class MetaDB:
         """Object records after `after` (up to `limit` of them looked at) whose listing
         summary is missing or does not match: their keys, and the last key looked at
         (None: no more records)."""
-        it, li = self.db.iter(), self.db.iter()
+        it = self.db.iter()
         start = after + b"\0" if after else b"o"
         it.seek(start)
-        li.seek(summary_key(start))
+        summaries = SummaryCursor(self.db, start)
         out: list[bytes] = []
         last: bytes | None = None
         for _ in range(limit):
@@ -180,12 +201,7 @@ class MetaDB:
             k = it.key()
             if k[:1] != b"o":
                 return out, None
-            want = summary_key(k)
-            lk = li.key() if li.valid() else None
-            if lk is not None and lk < want:
-                li.seek(want)
-                lk = li.key() if li.valid() else None
-            if lk != want or unpack(li.value())[0] != zlib.crc32(it.value()):
+            if summaries.of(k, it.value()) is None:
                 out.append(k)
             last = k
             it.next()

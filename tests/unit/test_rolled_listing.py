@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from node.control import list_page
-from node.metadb import MetaDB, View, object_key
+from node.metadb import MetaDB, View, object_key, summary_key
 from placement.nodes import Node
 from store import listing
 from store.listing import merge_listing
@@ -29,11 +29,12 @@ NODES = tuple(Node(f"c{i}", f"http://c{i}", zone=f"c{i}", tier="control") for i 
 
 class DBTransport(Transport):
     """The control node's list route (node/control.py list_page) over one real MetaDB
-    per node, counting records sent."""
+    per node, counting records sent. `maps`: the nodes answer with maps whatever the
+    client asks, as nodes from before rows did."""
 
-    def __init__(self, dbs: dict[str, MetaDB]) -> None:
+    def __init__(self, dbs: dict[str, MetaDB], maps: bool = False) -> None:
         super().__init__(secret="unused")
-        self.dbs, self.sent = dbs, 0
+        self.dbs, self.sent, self.maps = dbs, 0, maps
 
     async def request(self, method: str, base_url: str, path: str, *,
                       body: bytes | bytearray | memoryview = b"", checksum: str | None = None,
@@ -42,8 +43,8 @@ class DBTransport(Transport):
         assert query is not None and path == f"/v1/list/{BUCKET}"
         reply = list_page(self.dbs[base_url], BUCKET, query["prefix"], query["after"],
                           int(query["limit"]), query.get("delimiter", ""),
-                          rows=str(query.get("rows")) == "1")
-        self.sent += len(reply["rows"])
+                          rows=str(query.get("rows")) == "1" and not self.maps)
+        self.sent += len(reply["records" if self.maps else "rows"])
         return Reply(200, {}, bytearray(pack(reply)))
 
 
@@ -52,14 +53,18 @@ def rec(ts: int, deleted: bool) -> bytes:
                  "etag": None, "content_type": ""})
 
 
-HOWS = ("summary", "none", "stale")
+HOWS = ("summary", "none", "stale", "garbage")
 
 
 def store(db: MetaDB, key: str, value: bytes, how: str) -> None:
     """Write a record as a control node does ("summary": with its listing summary), as one
     that keeps none ("none"), or over a summary of another version ("stale": a record a
-    node without summaries wrote after one with them) - which must not be listed."""
+    node without summaries wrote after one with them) or one that is not msgpack
+    ("garbage") - which must not be listed."""
     k = object_key(BUCKET, key)
+    if how == "garbage":
+        db.write({summary_key(k): b"\xc1", k: value}, sync=False)
+        return
     if how != "none":
         view = View(db)
         view.put(k, value if how == "summary" else rec(10**6, not unpack(value)["deleted"]))
@@ -94,11 +99,11 @@ def fill(dbs: list[MetaDB], history: dict[str, tuple[list[bool], int]],
 
 
 @contextmanager
-def replicas(root: Path) -> Iterator[tuple[list[MetaDB], DBTransport]]:
+def replicas(root: Path, maps: bool = False) -> Iterator[tuple[list[MetaDB], DBTransport]]:
     """Three control nodes' databases under `root`, and the transport that lists them."""
     dbs = [MetaDB(root / f"c{i}", sync=False) for i in range(3)]
     try:
-        yield dbs, DBTransport({n.address: db for n, db in zip(NODES, dbs)})
+        yield dbs, DBTransport({n.address: db for n, db in zip(NODES, dbs)}, maps)
     finally:
         for db in dbs:
             db.close()
@@ -114,11 +119,12 @@ def walk(t: Transport, prefix: str, delimiter: str, max_keys: int,
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(history=histories, prefix=st.sampled_from(["", "a", "a/", "b/"]),
        delimiter=st.sampled_from(["/", "b", "ab"]), max_keys=st.integers(1, 12),
-       page_limit=st.integers(1, 6), how=st.sampled_from([*HOWS, "mixed"]))
+       page_limit=st.integers(1, 6), how=st.sampled_from([*HOWS, "mixed"]),
+       maps=st.booleans())
 def test_rolled_listing_matches_the_model(history: dict[str, tuple[list[bool], int]],
                                           prefix: str, delimiter: str, max_keys: int,
-                                          page_limit: int, how: str) -> None:
-    with tempfile.TemporaryDirectory() as tmp, replicas(Path(tmp)) as (dbs, t):
+                                          page_limit: int, how: str, maps: bool) -> None:
+    with tempfile.TemporaryDirectory() as tmp, replicas(Path(tmp), maps) as (dbs, t):
         live = fill(dbs, history, how)
         old = listing.PAGE_LIMIT
         listing.PAGE_LIMIT = page_limit       # many rounds and node pages
