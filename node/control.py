@@ -23,7 +23,7 @@ from yarl import URL
 from node.fastpath import FastConn, FastPath, Request, Routes
 from node.fastpath import enabled_from_env as fast_path_enabled
 from node.logs import log_event, log_step, request_log
-from node.metadb import MAP_KEY, GroupCommit, MetaDB, View, access_key, bucket_key, newest, object_key
+from node.metadb import MAP_KEY, SUMMARIES_KEY, GroupCommit, MetaDB, View, access_key, bucket_key, newest, object_key
 from node.metrics import REQUEST_ID, Families, ObservabilityConfig, counter, gauge, observability_config
 from node.server import (
     OBSERVER,
@@ -608,11 +608,18 @@ def _summarize(keys: list[bytes]) -> Callable[[View], int]:
     return fn
 
 
+def _mark_summarized(view: View) -> None:
+    view.put(SUMMARIES_KEY, b"1")
+
+
 async def fill_summaries(db: MetaDB, commit: GroupCommit, batch: int = SUMMARY_FILL_BATCH) -> int:
     """Write the listing summaries the object records lack - those a version without
     them wrote - a batch at a time through the group commit, in the background after the
     node starts (listings are right meanwhile: a record without a matching summary is
-    read whole). Returns how many it wrote; logs a step line if any."""
+    read whole), then mark the database as summarized (SUMMARIES_KEY): later starts skip
+    the pass (~2.3 us a record). Returns how many it wrote; logs a step line if any."""
+    if db.db.get(SUMMARIES_KEY) is not None:
+        return 0
     started, after, filled = time.monotonic(), b"", 0
     while True:
         keys, last = db.unsummarized(after, batch)
@@ -622,6 +629,7 @@ async def fill_summaries(db: MetaDB, commit: GroupCommit, batch: int = SUMMARY_F
             break
         after = last
         await asyncio.sleep(0)   # let requests in between batches
+    await commit.apply(_mark_summarized, lazy=True)
     if filled:
         log_step("summaries", started, filled=filled)
     return filled

@@ -6,7 +6,9 @@ b"l" bucket b"\\0" key -> the object record's listing summary: [CRC-32 of the re
 bytes, then its SUMMARY_FIELDS], written with the record in the same batch, so a listing
 reads a few fields instead of decoding whole records. A summary whose CRC does not match
 its record (one written by a version without summaries, or none at all) is not used: the
-record is decoded instead, so a listing never depends on them.
+record is decoded instead, so a listing never depends on them. b"s" -> set once every
+object record has its summary (node.control.fill_summaries, at a node's first start on a
+database written before summaries; not checked again after).
 Every record carries "ts" (ns) and "version_id"; a put keeps the newest by
 (ts, version_id), so replicas converge whatever the order of arrival.
 
@@ -30,6 +32,7 @@ from store.errors import EcstoreError
 from store.wire import pack, unpack
 
 MAP_KEY = b"m"
+SUMMARIES_KEY = b"s"   # every object record has its listing summary (see the key layout)
 T = TypeVar("T")
 
 

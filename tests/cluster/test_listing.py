@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cli.localcluster import LocalCluster
-from node.metadb import MetaDB
+from node.metadb import SUMMARIES_KEY, MetaDB
 from store.client import Client
 from store.listing import ListResult
 from store.wire import unpack
@@ -185,8 +185,9 @@ def test_listings_read_summaries_and_a_database_without_them_gets_them(
     cluster.stop_node("c1")
     db = MetaDB(Path(node.data) / "db", sync=True)
     try:
+        assert db.db.get(SUMMARIES_KEY) is not None   # marked at its first start
         dropped = [k for k in db.db.keys(from_key=b"l") if k[:1] == b"l"]   # as an old version
-        db.write({k: None for k in dropped}, sync=True)
+        db.write({**{k: None for k in dropped}, SUMMARIES_KEY: None}, sync=True)
     finally:
         db.close()
     assert len(dropped) >= len(rows)

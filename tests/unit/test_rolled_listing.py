@@ -185,3 +185,26 @@ def test_a_delimiter_longer_than_a_node_takes_is_not_sent(tmp_path: Path) -> Non
         for db in dbs:
             db.write({object_key(BUCKET, k): rec(1, False) for k in ("a/b", "c")}, sync=False)
         assert walk(t, "", "/" * 1025, 1000, rolled=True) == (["a/b", "c"], [])
+
+
+def test_summaries_are_filled_in_once_then_the_database_is_marked(tmp_path: Path) -> None:
+    """fill_summaries writes the summaries a database lacks (and replaces stale ones), marks
+    it, and skips a marked database: a later start does not scan every record again."""
+    from node.control import fill_summaries
+    from node.metadb import SUMMARIES_KEY, GroupCommit
+
+    async def fill(db: MetaDB) -> int:
+        return await fill_summaries(db, GroupCommit(db), batch=7)
+    with replicas(tmp_path) as (dbs, t):
+        db = dbs[0]
+        for i in range(40):
+            store(db, f"k{i:02d}", rec(1, i % 5 == 0), HOWS[i % len(HOWS)])
+        assert asyncio.run(fill(db)) == 30          # all but the 10 written with theirs
+        assert db.db.get(SUMMARIES_KEY) is not None
+        store(db, "late", rec(1, False), "none")    # as a version without summaries would
+        assert asyncio.run(fill(db)) == 0           # marked: not looked at again
+        db.write({SUMMARIES_KEY: None}, sync=False)
+        assert asyncio.run(fill(db)) == 1
+        db.listed.update(summary=0, record=0)
+        rows = db.scan_listed(object_key(BUCKET, ""), b"", 100)[0]
+        assert len(rows) == 41 and db.listed == {"summary": 41, "record": 0}
