@@ -1,7 +1,7 @@
 """Control node: metadata records, buckets and the cluster map over HTTP (msgpack bodies).
 
 Routes (all signed except /v1/health; /metrics also takes a bearer token), see
-docs/PROTOCOL.md and docs/OBSERVABILITY.md.
+docs/PROTOCOL.md and the README (Observability: metrics and logs).
 """
 from __future__ import annotations
 

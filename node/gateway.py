@@ -4,7 +4,7 @@ One dispatcher routes each request by path (/, /bucket, /bucket/key) and subreso
 (?uploads, ?acl, ...) to a handler in node.s3; a middleware authenticates (AWS SigV4,
 header or presigned) and turns every error into S3's XML error answer. The gateway's
 own health check is GET /_ecstore/health (no bucket name can start with "_"), its metrics
-GET /_ecstore/metrics (and GET /metrics, see metrics_or_s3; docs/OBSERVABILITY.md).
+GET /_ecstore/metrics (and GET /metrics, see metrics_or_s3; the README, Observability).
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ disk free, map epoch, repair progress ...), computed only when scraped.
 Requests are counted by the access-log hook of node.server.run (after the response is
 written, so the latency includes sending it); the same hook writes the request's log line
 (node.logs). Per request that is two dict lookups, four metric updates and one log line.
-See docs/OBSERVABILITY.md for every name.
+The README (Observability: metrics and logs) lists every name.
 """
 from __future__ import annotations
 

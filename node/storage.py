@@ -1,7 +1,7 @@
 """Storage node: fragment put, get, head, delete, listing, status and scrub over HTTP.
 
 Routes (all signed with the cluster secret except /v1/health; /metrics also takes a
-bearer token), see docs/PROTOCOL.md and docs/OBSERVABILITY.md.
+bearer token), see docs/PROTOCOL.md and the README (Observability).
 """
 from __future__ import annotations
 
