@@ -29,6 +29,7 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from store import listing
 from store.errors import EcstoreError
+from store.listing import DELETED
 from store.wire import pack, unpack
 
 MAP_KEY = b"m"
@@ -49,7 +50,6 @@ def access_key(bucket: str, key: str) -> bytes:
 
 # what a listing shows of a record, in a summary's and a listed row's order (after the key)
 SUMMARY_FIELDS = listing.ROW_FIELDS[1:]
-DELETED = 3   # a listed row's "deleted": [key, ts, version_id, deleted, ...]
 
 
 def summary_key(k: bytes) -> bytes:

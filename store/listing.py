@@ -59,8 +59,8 @@ class ListResult:
 
 def row_of(record: dict[str, Any]) -> Row:
     """The row of a listed record sent as a map (by a node that sends no rows)."""
-    return [record[f] if f in ("key", "ts", "version_id", "deleted") else record.get(f)
-            for f in ROW_FIELDS]
+    return [record["key"], record["ts"], record["version_id"], record["deleted"],
+            record.get("size"), record.get("etag"), record.get("content_type")]
 
 
 def newest_per_key(streams: Iterable[Iterator[Row]],
