@@ -37,7 +37,7 @@ from node.metrics import (
     add_observability_args,
     op_name,
 )
-from store.alloc import MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES, glibc, tune_allocator, unfilled
+from store.alloc import MMAP_THRESHOLD_BYTES, glibc, tune_allocator, unfilled
 from store.auth import CHECKSUM_HEADER, DATE_HEADER, SIGNATURE_HEADER, verify
 from store.digest import matches as digest_matches
 from store.digest import well_formed as digest_well_formed
@@ -279,6 +279,11 @@ def run(app: web.Application, host: str, port: int, reuse_port: bool = False,
 ARENA_MAX = 2
 TRIM_EVERY_S = 1.0
 TRIM_ABOVE_BYTES = 96 * 1024 * 1024   # RSS under which nothing is trimmed
+TRIM_QUIET_CPU = 0.25                 # a tick with less CPU than this (of a core) is quiet
+TRIM_BUSY_EVERY_S = 30.0              # a process busy all along is trimmed this often
+# glibc's own trim of the heap's top on free(): higher than a library process's
+# (TRIM_THRESHOLD_BYTES), as a node's quiet trim gives the rest back once a burst is over
+NODE_TRIM_THRESHOLD_BYTES = 128 * 1024 * 1024
 
 
 class Allocator:
@@ -290,19 +295,27 @@ class Allocator:
     buffer again, which halved the gateway's throughput (1 MiB puts 79 -> 51 MB/s,
     64 MiB gets 644-773 -> 345 MB/s). A fixed threshold also stops glibc's own raising
     of it. What a burst leaves free inside the heaps (a flood of 64 large puts left a
-    gateway near 1 GiB) goes back by `malloc_trim(0)` once a second while the RSS is
-    above TRIM_ABOVE_BYTES. ECSTORE_MMAP_THRESHOLD overrides the threshold (0: glibc's
-    defaults). No-op off glibc."""
+    gateway near 1 GiB) goes back by `malloc_trim(0)` once the burst is over: at a tick
+    (once a second) when the RSS is above TRIM_ABOVE_BYTES and the process used under
+    TRIM_QUIET_CPU of a core since the last tick - or, busy all along, TRIM_BUSY_EVERY_S
+    since its last trim. Trimming mid-burst gave back pages the next second's buffers
+    faulted in again, and so did glibc's own trim of the heap's top past 16 MiB free
+    (now NODE_TRIM_THRESHOLD_BYTES): on this machine's VM, whose host takes freed memory
+    back, a gateway faulted in 141-174 fresh pages per MiB of a checkpoint storm's puts
+    (zeroing them was 9% of its CPU), 2-44 with both changes (README, Where the time goes).
+    ECSTORE_MMAP_THRESHOLD overrides the threshold (0: glibc's defaults). No-op off glibc."""
 
     def __init__(self) -> None:
         self.libc: Any = None
         self.trims = 0
+        self._last_tick = (time.monotonic(), time.process_time())
+        self._last_trim = self._last_tick[0]
         libc = glibc()
         if libc is None:
             return
         threshold = int(os.environ.get("ECSTORE_MMAP_THRESHOLD", MMAP_THRESHOLD_BYTES))
         if threshold > 0:
-            tune_allocator(threshold, TRIM_THRESHOLD_BYTES,
+            tune_allocator(threshold, NODE_TRIM_THRESHOLD_BYTES,
                            int(os.environ.get("ECSTORE_ARENA_MAX", ARENA_MAX)))
         self.libc = libc
         self._page = os.sysconf("SC_PAGE_SIZE")
@@ -322,10 +335,24 @@ class Allocator:
         self.trims += 1
         return True
 
+    def tick(self, now: float, cpu_s: float) -> bool:
+        """One tick of trim_loop at `now` (monotonic) with `cpu_s` of process CPU so far:
+        trim if the process was quiet since the last tick, or has not been trimmed for
+        TRIM_BUSY_EVERY_S. True if it trimmed."""
+        last_now, last_cpu = self._last_tick
+        self._last_tick = (now, cpu_s)
+        quiet = cpu_s - last_cpu < TRIM_QUIET_CPU * max(now - last_now, 1e-3)
+        if not quiet and now - self._last_trim < TRIM_BUSY_EVERY_S:
+            return False
+        if not self.trim():
+            return False
+        self._last_trim = now
+        return True
+
     async def trim_loop(self) -> None:
         while True:
             await asyncio.sleep(TRIM_EVERY_S)
-            self.trim()
+            self.tick(time.monotonic(), time.process_time())
 
 
 async def _serve(app: web.Application, host: str, port: int, reuse_port: bool,

@@ -95,3 +95,45 @@ def test_unfilled_skips_the_zero_fill_of_large_buffers_only() -> None:
     assert got["type"] == "bytearray" and got["len"] == 4 << 20 and got["head"] == "abcd"
     assert got["stale"]            # what the freed buffer held: no memset ran
     assert got["small_zeroed"] and got["empty"] == 0
+
+
+TICKS_CHILD = textwrap.dedent("""
+    import json
+    import node.server as server
+    from node.server import Allocator
+    a = Allocator()
+    assert a.libc is not None, "not glibc"
+    server.TRIM_ABOVE_BYTES = 0                 # every tick is over the floor here
+    now, cpu, out = 1000.0, 50.0, []
+    a._last_tick, a._last_trim = (now, cpu), now
+
+    def tick(dt, used):
+        global now, cpu
+        now, cpu = now + dt, cpu + used
+        return a.tick(now, cpu)
+    out.append(["quiet", tick(1.0, 0.01)])
+    for i in range(int(server.TRIM_BUSY_EVERY_S) - 1):   # a burst: a core busy, each second
+        out.append(["busy", tick(1.0, 0.9)])
+    out.append(["busy, the busy period", tick(1.0, 0.9)])
+    out.append(["busy again", tick(1.0, 0.9)])
+    out.append(["over: quiet", tick(1.0, 0.1)])
+    server.TRIM_ABOVE_BYTES = 1 << 62
+    out.append(["quiet under the floor", tick(1.0, 0.0)])
+    print(json.dumps({"ticks": out, "trims": a.trims}))
+""")
+
+
+def test_trims_once_a_burst_is_over_not_in_the_middle_of_it() -> None:
+    """A node gives memory back when a tick finds it quiet (under a quarter of a core
+    since the last), or after TRIM_BUSY_EVERY_S busy - not every second of a burst, whose
+    next buffers would fault the pages in again."""
+    out = subprocess.run([sys.executable, "-c", TICKS_CHILD], capture_output=True, text=True,
+                         timeout=60, check=True)
+    got = json.loads(out.stdout)
+    ticks = got["ticks"]
+    assert ticks[0] == ["quiet", True]
+    busy = [t for name, t in ticks if name == "busy"]
+    assert len(busy) == 29 and not any(busy)
+    assert dict(ticks[-4:]) == {"busy, the busy period": True, "busy again": False,
+                                "over: quiet": True, "quiet under the floor": False}
+    assert got["trims"] == 3
