@@ -86,8 +86,12 @@ class SummaryCursor:
             row = unpack(raw)
         except EcstoreError:
             return None
-        if type(row) is list and len(row) == len(SUMMARY_FIELDS) + 1 and row[0] == zlib.crc32(value):
+        if type(row) is not list or not row or row[0] != zlib.crc32(value):
+            return None
+        if len(row) == len(SUMMARY_FIELDS) + 1:
             return row
+        if len(row) == len(SUMMARY_FIELDS):   # written before storage_class: its record has none
+            return [*row, None]
         return None
 
 

@@ -25,8 +25,11 @@ MAX_ROLLED_DELIMITER_BYTES = 1024   # what a control node takes (a longer one is
 PAST_PREFIX = "\U0010ffff"  # sorts after any key character, in UTF-8 bytes too
 # a control node's listed row (GET /v1/list/{bucket}?rows=1): these fields, in this order;
 # the merge below works on such rows (lists), by these indexes
-ROW_FIELDS = ("key", "ts", "version_id", "deleted", "size", "etag", "content_type")
-KEY, TS, VERSION, DELETED, SIZE, ETAG = range(6)
+# (storage_class came later: a row of a node that does not send it is one shorter, and
+# stands for None - S3's STANDARD)
+ROW_FIELDS = ("key", "ts", "version_id", "deleted", "size", "etag", "content_type",
+              "storage_class")
+KEY, TS, VERSION, DELETED, SIZE, ETAG, CONTENT_TYPE, STORAGE_CLASS = range(8)
 Row = list[Any]
 _key = itemgetter(KEY)
 
@@ -47,6 +50,7 @@ class ListEntry:
     ts: int
     version_id: str
     etag: str | None = None
+    storage_class: str | None = None   # None: STANDARD (S3's default)
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,8 @@ class ListResult:
 def row_of(record: dict[str, Any]) -> Row:
     """The row of a listed record sent as a map (by a node that sends no rows)."""
     return [record["key"], record["ts"], record["version_id"], record["deleted"],
-            record.get("size"), record.get("etag"), record.get("content_type")]
+            record.get("size"), record.get("etag"), record.get("content_type"),
+            record.get("storage_class")]
 
 
 def newest_per_key(streams: Iterable[Iterator[Row]],
@@ -115,7 +120,8 @@ def merge_page(records: Iterator[Row], prefix: str, delimiter: str,
                 continue
         if listed == max_keys:
             return ListResult(objects, prefixes, True, last)
-        objects.append(entry(key, r[SIZE], r[TS], r[VERSION], r[ETAG]))
+        objects.append(entry(key, r[SIZE], r[TS], r[VERSION], r[ETAG],
+                             r[STORAGE_CLASS] if len(r) > STORAGE_CLASS else None))
         listed += 1
         last = key
     return ListResult(objects, prefixes, False, last)

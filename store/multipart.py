@@ -86,8 +86,9 @@ def check_complete(requested: list[tuple[int, str]], parts: dict[int, dict[str, 
 
 async def create_upload(c: Client, bucket: str, key: str, *, content_type: str,
                         meta: dict[str, str], fields: dict[str, Any] | None = None,
-                        policy: str | None = None) -> str:
-    """Start an upload; `fields` (owner, acl, headers) go into the final record. Returns its id."""
+                        policy: str | None = None, cache: bool = True) -> str:
+    """Start an upload; `fields` (owner, acl, headers, storage_class) go into the final
+    record; `cache=False` has its parts written uncached (Client.put's). Returns its id."""
     check_key(key)
     await c.bucket_record(bucket)
     cmap = await c.cluster_map()
@@ -97,7 +98,7 @@ async def create_upload(c: Client, bucket: str, key: str, *, content_type: str,
               "bucket": bucket, "key": key, "content_type": content_type, "meta": meta,
               "fields": fields or {}, "policy": pol.name, "k": pol.k, "m": pol.m,
               "ec_type": pol.ec_type, "segment_size": pol.segment_size_bytes,
-              "initiated": time.time()}
+              "initiated": time.time(), "cache": cache}
     await c.commit(UPLOADS_BUCKET, upload_key(bucket, upload_id), record)
     return upload_id
 
@@ -121,7 +122,8 @@ async def put_part(c: Client, bucket: str, upload_id: str, number: int, source: 
         raise BadRequest(f"part number must be between 1 and {MAX_PART_NUMBER}")
     up = await get_upload(c, bucket, upload_id)
     pol = (await c.cluster_map()).policy(up["policy"])
-    ext = await c.write_extent(pol, bucket, up["key"], source)
+    ext = await c.write_extent(pol, bucket, up["key"], source,
+                               cache=up.get("cache", True))
     etag = md5_hex()
     record = {**ext, "ts": time.time_ns(), "deleted": False, "etag": etag,
               "upload_id": upload_id, "part": number}
@@ -202,7 +204,8 @@ async def _forget(c: Client, bucket: str, upload_id: str) -> None:
 
 async def list_uploads(c: Client, bucket: str, prefix: str = "") -> list[dict[str, Any]]:
     """Uploads in progress in `bucket` whose key starts with prefix, sorted by (key, id);
-    each {"key", "upload_id", "initiated", "owner"}. At most MAX_UPLOADS_LISTED."""
+    each {"key", "upload_id", "initiated", "owner", "storage_class"}. At most
+    MAX_UPLOADS_LISTED."""
     await c.bucket_record(bucket)
     page = await c.list_namespace(UPLOADS_BUCKET, prefix=f"{bucket}/",
                                   max_keys=MAX_UPLOADS_LISTED)
@@ -213,7 +216,8 @@ async def list_uploads(c: Client, bucket: str, prefix: str = "") -> list[dict[st
             return await c.read_record(UPLOADS_BUCKET, key)
     records = await asyncio.gather(*(read(o.key) for o in page.objects))
     out = [{"key": r["key"], "upload_id": r["version_id"], "initiated": r["initiated"],
-            "owner": r["fields"].get("owner", "")}
+            "owner": r["fields"].get("owner", ""),
+            "storage_class": r["fields"].get("storage_class")}
            for r in records if r is not None and not r["deleted"] and r["key"].startswith(prefix)]
     return sorted(out, key=lambda u: (u["key"], u["upload_id"]))
 

@@ -163,12 +163,15 @@ async def _page(ctx: S3Ctx, after: str, max_keys: int) -> ListResult:
 
 def _contents(ctx: S3Ctx, page: ListResult, enc: Any, owner: str | None) -> list[str]:
     items = []
-    tail = "<StorageClass>STANDARD</StorageClass>" + (owner_xml(owner) if owner is not None else "")
+    who = owner_xml(owner) if owner is not None else ""
+    tail = f"<StorageClass>STANDARD</StorageClass>{who}"
     for o in page.objects:   # one f-string per entry (what el() would build): up to 1,000
         etag = f"&quot;{escape(o.etag or o.version_id)}&quot;"   # escape('"x"'), faster
+        end = tail if o.storage_class is None else \
+            f"<StorageClass>{escape(o.storage_class)}</StorageClass>{who}"
         items.append(f"<Contents><Key>{escape(enc(o.key))}</Key><LastModified>"
                      f"{iso8601(o.ts)}</LastModified><ETag>{etag}</ETag>"
-                     f"<Size>{int(o.size)}</Size>{tail}</Contents>")
+                     f"<Size>{int(o.size)}</Size>{end}</Contents>")
     items += [el("CommonPrefixes", [el("Prefix", enc(p))]) for p in page.common_prefixes]
     return items
 
@@ -246,7 +249,7 @@ async def list_object_versions(ctx: S3Ctx) -> web.StreamResponse:
     items = [el("Version", [el("Key", enc(o.key)), el("VersionId", "null"),
                             el("IsLatest", True), el("LastModified", iso8601(o.ts)),
                             el("ETag", f'"{o.etag or o.version_id}"'), el("Size", o.size),
-                            el("StorageClass", "STANDARD"), owner_xml(owner)])
+                            el("StorageClass", o.storage_class or "STANDARD"), owner_xml(owner)])
              for o in page.objects]
     items += [el("CommonPrefixes", [el("Prefix", enc(p))]) for p in page.common_prefixes]
     return xml_response(doc("ListVersionsResult", *parts, *items))

@@ -31,6 +31,15 @@ RESPONSE_OVERRIDES = {"response-content-type": "Content-Type",
 MAX_DELETE_KEYS = 1000
 RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)$")
 META_PREFIX = "x-amz-meta-"
+STORAGE_CLASS_HEADER = "x-amz-storage-class"
+# S3's storage classes (x-amz-storage-class): each is taken and kept with the object;
+# the infrequent-access and archive ones are written uncached - the storage nodes do not
+# keep their fragments in the page cache (Client.put's cache=False) - as nobody reads
+# them soon. The others (and none, STANDARD) are written as any object.
+STORAGE_CLASSES = ("STANDARD", "REDUCED_REDUNDANCY", "STANDARD_IA", "ONEZONE_IA",
+                   "INTELLIGENT_TIERING", "GLACIER", "DEEP_ARCHIVE", "OUTPOSTS", "GLACIER_IR",
+                   "SNOW", "EXPRESS_ONEZONE")
+UNCACHED_CLASSES = ("STANDARD_IA", "ONEZONE_IA", "GLACIER", "GLACIER_IR", "DEEP_ARCHIVE")
 
 
 # ---- records to headers ------------------------------------------------------------------
@@ -46,7 +55,30 @@ def object_headers(rec: Mapping[str, Any]) -> dict[str, str]:
          "Accept-Ranges": "bytes"}
     h.update(rec.get("headers") or {})
     h.update({META_PREFIX + k: v for k, v in (rec.get("meta") or {}).items()})
+    if rec.get("storage_class"):      # S3 names the class only when it is not STANDARD
+        h[STORAGE_CLASS_HEADER] = rec["storage_class"]
     return h
+
+
+def storage_class(headers: Mapping[str, str]) -> str | None:
+    """The request's x-amz-storage-class: None for STANDARD or none; InvalidStorageClass
+    for a name S3 does not have."""
+    name = headers.get(STORAGE_CLASS_HEADER)
+    if name is None or name == "STANDARD":
+        return None
+    if name not in STORAGE_CLASSES:
+        raise S3Error("InvalidStorageClass", "The storage class you specified is not valid")
+    return name
+
+
+def class_field(cls: str | None) -> dict[str, str]:
+    """The record's field for storage class `cls` (none for STANDARD)."""
+    return {"storage_class": cls} if cls else {}
+
+
+def cached(cls: str | None) -> bool:
+    """Whether an object of storage class `cls` is written cached (Client.put's cache)."""
+    return cls not in UNCACHED_CLASSES
 
 
 def checksum_headers(rec: Mapping[str, Any]) -> dict[str, str]:
@@ -201,13 +233,15 @@ async def put_object(ctx: S3Ctx) -> web.StreamResponse:
     acl = canned_acl(ctx.headers)
     meta = user_meta(ctx.headers)
     keep = stored_headers(ctx.headers)
+    cls = storage_class(ctx.headers)
     body = BodyReader(ctx.request.content, ctx.headers, ctx.auth, ctx.gw.config.max_object_bytes)
 
     def extra() -> dict[str, Any]:
-        return {"etag": body.md5_hex, "headers": keep, "acl": acl, "checksums": body.checksums}
+        return {"etag": body.md5_hex, "headers": keep, "acl": acl, "checksums": body.checksums,
+                **class_field(cls)}
     info = await ctx.client.put(ctx.bucket, ctx.key, aiter(body),
                                 content_type=ctx.headers.get("Content-Type", "binary/octet-stream"),
-                                meta=meta, extra=extra)
+                                meta=meta, extra=extra, cache=cached(cls))
     del info
     out = {"ETag": f'"{body.md5_hex}"'}
     out.update({f"x-amz-checksum-{a}": v for a, v in body.checksums.items()})
@@ -239,7 +273,9 @@ async def copy_object(ctx: S3Ctx) -> web.StreamResponse:
     directive = ctx.headers.get("x-amz-metadata-directive", "COPY").upper()
     if directive not in ("COPY", "REPLACE"):
         raise S3Error("InvalidArgument", "Unknown metadata directive.")
-    if directive == "COPY" and (src_bucket, src_key) == (ctx.bucket, ctx.key):
+    cls = storage_class(ctx.headers)   # as S3: the copy's own, STANDARD unless named
+    if directive == "COPY" and (src_bucket, src_key) == (ctx.bucket, ctx.key) \
+            and cls == rec.get("storage_class"):
         raise S3Error("InvalidRequest", "This copy request is illegal because it is trying to "
                       "copy an object to itself without changing the object's metadata, "
                       "storage class, website redirect location or encryption attributes.")
@@ -253,7 +289,9 @@ async def copy_object(ctx: S3Ctx) -> web.StreamResponse:
     stream = Md5Stream(ctx.client.get_stream(src_bucket, src_key, record=rec))
     info = await ctx.client.put(ctx.bucket, ctx.key, aiter(stream), content_type=content_type,
                                 meta=meta, extra=lambda: {"etag": stream.md5_hex(),
-                                                          "headers": keep, "acl": acl})
+                                                          "headers": keep, "acl": acl,
+                                                          **class_field(cls)},
+                                cache=cached(cls))
     body = doc("CopyObjectResult", el("LastModified", iso8601(info.ts)),
                el("ETag", f'"{stream.md5_hex()}"'))
     return web.Response(body=body, content_type="application/xml")

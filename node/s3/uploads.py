@@ -4,6 +4,7 @@ into segments (never held whole)."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import quote
 
 from aiohttp import web
@@ -12,7 +13,16 @@ from node.s3.body import BodyReader
 from node.s3.buckets import xml_response
 from node.s3.context import Md5Stream, S3Ctx, bucket_owner, canned_acl
 from node.s3.errors import S3Error
-from node.s3.objects import copy_source, parse_range, readable_record, stored_headers, user_meta
+from node.s3.objects import (
+    cached,
+    class_field,
+    copy_source,
+    parse_range,
+    readable_record,
+    storage_class,
+    stored_headers,
+    user_meta,
+)
 from node.s3.xml import doc, el, iso8601, owner_xml, parse
 from store import multipart as mp
 
@@ -37,11 +47,12 @@ async def _upload(ctx: S3Ctx) -> dict[str, object]:
 
 async def create_upload(ctx: S3Ctx) -> web.StreamResponse:
     brec = await ctx.owned_bucket()
+    cls = storage_class(ctx.headers)
     fields = {"headers": stored_headers(ctx.headers), "acl": canned_acl(ctx.headers),
-              "owner": brec.get("owner", "")}
+              "owner": brec.get("owner", ""), **class_field(cls)}
     upload_id = await mp.create_upload(
         ctx.client, ctx.bucket, ctx.key, meta=user_meta(ctx.headers), fields=fields,
-        content_type=ctx.headers.get("Content-Type", "binary/octet-stream"))
+        content_type=ctx.headers.get("Content-Type", "binary/octet-stream"), cache=cached(cls))
     return xml_response(doc("InitiateMultipartUploadResult", el("Bucket", ctx.bucket),
                             el("Key", ctx.key), el("UploadId", upload_id)))
 
@@ -135,7 +146,8 @@ def _int_query(ctx: S3Ctx, name: str, default: int) -> int:
 
 async def list_parts(ctx: S3Ctx) -> web.StreamResponse:
     brec = await ctx.owned_bucket()
-    await _upload(ctx)
+    up = await _upload(ctx)
+    fields: Any = up["fields"]
     marker = _int_query(ctx, "part-number-marker", 0)
     max_parts = min(_int_query(ctx, "max-parts", MAX_LISTED), MAX_LISTED)
     parts, truncated = (await mp.list_parts(ctx.client, ctx.query["uploadId"], marker, max_parts)
@@ -145,7 +157,8 @@ async def list_parts(ctx: S3Ctx) -> web.StreamResponse:
                          el("ETag", f'"{p.etag}"'), el("Size", p.size)]) for p in parts]
     head = [el("Bucket", ctx.bucket), el("Key", ctx.key), el("UploadId", ctx.query["uploadId"]),
             owner_xml(owner, "Initiator"), owner_xml(owner),
-            el("StorageClass", "STANDARD"), el("PartNumberMarker", marker),
+            el("StorageClass", fields.get("storage_class") or "STANDARD"),
+            el("PartNumberMarker", marker),
             el("MaxParts", max_parts), el("IsTruncated", truncated)]
     if truncated:
         head.append(el("NextPartNumberMarker", parts[-1].number))
@@ -170,6 +183,6 @@ async def list_uploads(ctx: S3Ctx) -> web.StreamResponse:
         head += [el("NextKeyMarker", page[-1]["key"]), el("NextUploadIdMarker", page[-1]["upload_id"])]
     items = [el("Upload", [el("Key", u["key"]), el("UploadId", u["upload_id"]),
                            owner_xml(owner, "Initiator"), owner_xml(owner),
-                           el("StorageClass", "STANDARD"),
+                           el("StorageClass", u["storage_class"] or "STANDARD"),
                            el("Initiated", iso8601(int(u["initiated"] * 1e9)))]) for u in page]
     return xml_response(doc("ListMultipartUploadsResult", *head, *items))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from node.control import list_page
-from node.metadb import MetaDB, View, object_key, summary_key
+from node.metadb import SUMMARY_FIELDS, MetaDB, View, object_key, summary_key
 from placement.nodes import Node
 from store import listing
 from store.listing import merge_listing
@@ -53,17 +54,27 @@ def rec(ts: int, deleted: bool) -> bytes:
                  "etag": None, "content_type": ""})
 
 
-HOWS = ("summary", "none", "stale", "garbage")
+HOWS = ("summary", "none", "stale", "garbage", "seven")
+
+
+def old_summary(value: bytes) -> bytes:
+    """A record's summary as a version before storage_class wrote it: one field fewer."""
+    record = unpack(value)
+    return pack([zlib.crc32(value), *(record.get(f) for f in SUMMARY_FIELDS[:-1])])
 
 
 def store(db: MetaDB, key: str, value: bytes, how: str) -> None:
     """Write a record as a control node does ("summary": with its listing summary), as one
     that keeps none ("none"), or over a summary of another version ("stale": a record a
     node without summaries wrote after one with them) or one that is not msgpack
-    ("garbage") - which must not be listed."""
+    ("garbage") - which must not be listed - or with a summary written before summaries
+    had a storage class ("seven"), which is used."""
     k = object_key(BUCKET, key)
     if how == "garbage":
         db.write({summary_key(k): b"\xc1", k: value}, sync=False)
+        return
+    if how == "seven":
+        db.write({summary_key(k): old_summary(value), k: value}, sync=False)
         return
     if how != "none":
         view = View(db)
@@ -137,8 +148,8 @@ def test_rolled_listing_matches_the_model(history: dict[str, tuple[list[bool], i
         assert got == (want_objs, want_prefixes)
         assert full == got
         listed = {src: sum(db.listed[src] for db in dbs) for src in ("summary", "record")}
-        if how == "summary":   # every row from a summary; else from records, but "mixed"
-            assert listed["record"] == 0
+        if how in ("summary", "seven"):   # every row from a summary; else from records,
+            assert listed["record"] == 0    # but "mixed"
         elif how != "mixed":
             assert listed["summary"] == 0
 
@@ -199,7 +210,8 @@ def test_summaries_are_filled_in_once_then_the_database_is_marked(tmp_path: Path
         db = dbs[0]
         for i in range(40):
             store(db, f"k{i:02d}", rec(1, i % 5 == 0), HOWS[i % len(HOWS)])
-        assert asyncio.run(fill(db)) == 30          # all but the 10 written with theirs
+        assert asyncio.run(fill(db)) == 24          # all but the 16 written with theirs
+        #                                             ("summary" and "seven": still good)
         assert db.db.get(SUMMARIES_KEY) is not None
         store(db, "late", rec(1, False), "none")    # as a version without summaries would
         assert asyncio.run(fill(db)) == 0           # marked: not looked at again
@@ -208,3 +220,43 @@ def test_summaries_are_filled_in_once_then_the_database_is_marked(tmp_path: Path
         db.listed.update(summary=0, record=0)
         rows = db.scan_listed(object_key(BUCKET, ""), b"", 100)[0]
         assert len(rows) == 41 and db.listed == {"summary": 41, "record": 0}
+
+
+class OldRows(DBTransport):
+    """Nodes of a version before storage_class: rows one field shorter."""
+
+    async def request(self, *args: Any, **kwargs: Any) -> Reply:
+        reply = await super().request(*args, **kwargs)
+        page = unpack(reply.body)
+        page["rows"] = [row[:-1] for row in page["rows"]]
+        return Reply(200, {}, bytearray(pack(page)))
+
+
+def test_the_storage_class_is_listed_from_summaries_records_and_older_nodes(
+        tmp_path: Path) -> None:
+    """The listed row's storage_class, whatever the row was read from: a summary, the
+    record (no summary, a stale one), a summary written before the field (its record has
+    no class) - and None from nodes that send rows without it, or maps without it."""
+    def record(ts: int, cls: str | None) -> bytes:
+        r = {"ts": ts, "version_id": f"v{ts:04d}", "deleted": False, "size": 1, "etag": None,
+             "content_type": ""}
+        return pack({**r, "storage_class": cls} if cls else r)
+    written = {"ia/summary": ("summary", "STANDARD_IA"), "ia/none": ("none", "GLACIER_IR"),
+               "ia/stale": ("stale", "ONEZONE_IA"), "std/summary": ("summary", None),
+               "std/seven": ("seven", None)}
+
+    def entries(t: Transport) -> dict[str, str | None]:
+        page = asyncio.run(merge_listing(t, NODES, BUCKET, "", "", "", 100, allowed_failures=0))
+        return {e.key: e.storage_class for e in page.objects}
+    with replicas(tmp_path) as (dbs, t):
+        for key, (how, cls) in written.items():
+            for db in dbs:
+                store(db, key, record(5, cls), how)
+        want = {key: cls for key, (_, cls) in written.items()}
+        assert entries(t) == want
+        listed = {src: sum(db.listed[src] for db in dbs) for src in ("summary", "record")}
+        from_summary = sum(how in ("summary", "seven") for how, _ in written.values())
+        assert listed == {"summary": 3 * from_summary,           # every node asked
+                          "record": 3 * (len(written) - from_summary)}
+        assert entries(DBTransport(t.dbs, maps=True)) == want
+        assert entries(OldRows(t.dbs)) == dict.fromkeys(written)
