@@ -302,7 +302,7 @@ class Allocator:
     faulted in again, and so did glibc's own trim of the heap's top past 16 MiB free
     (now NODE_TRIM_THRESHOLD_BYTES): on this machine's VM, whose host takes freed memory
     back, a gateway faulted in 141-174 fresh pages per MiB of a checkpoint storm's puts
-    (zeroing them was 9% of its CPU), 2-44 with both changes (README, Where the time goes).
+    (zeroing them was 9% of its CPU), 0-42 with both changes (README, Where the time goes).
     ECSTORE_MMAP_THRESHOLD overrides the threshold (0: glibc's defaults). No-op off glibc."""
 
     def __init__(self) -> None:
