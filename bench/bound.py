@@ -207,18 +207,36 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def start() -> tuple[Callable[[str], None], str, tuple[float, float, float]]:
+    """A benchmark's start: this process's allocator tuned as bench.compare tunes it (for
+    boto3's buffers too). Returns the progress log (stderr, seconds since now), the time
+    and the load average now."""
     t0 = time.perf_counter()
 
     def log(msg: str) -> None:
         print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
     from store import tune_allocator
-    tune_allocator()         # as bench.compare does, for boto3's buffers
+    tune_allocator()
+    return log, time.strftime("%Y-%m-%dT%H:%M:%S"), os.getloadavg()
+
+
+def finish(report: dict[str, Any], out: Path, as_json: bool, text: str) -> int:
+    """Write `report` (its "rows" and "failures" among the rest) to `out` as JSON, print
+    it (or `text`), name its failures on stderr; the exit status: 1 if anything failed."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2) if as_json else text)
+    for f in report["failures"]:
+        print(f"failed: {f}", file=sys.stderr)
+    return 1 if report["failures"] or any(r["errors"] for r in report["rows"]) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    log, started, load = start()
     rows: list[dict[str, Any]] = []
     failures: list[str] = []
-    started, load = time.strftime("%Y-%m-%dT%H:%M:%S"), os.getloadavg()
     for name in args.only:
         log(f"{name}: starting")
         try:
@@ -229,12 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"started": started, "loadavg_start": load,
               "size_bytes": SIZE, "concurrency": CONC, "count": args.count, "keys": args.keys,
               "rows": rows, "failures": failures}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report, indent=2) if args.json else render(rows))
-    for f in failures:
-        print(f"failed: {f}", file=sys.stderr)
-    return 1 if failures or any(r["errors"] for r in rows) else 0
+    return finish(report, args.out, args.json, render(rows))
 
 
 if __name__ == "__main__":

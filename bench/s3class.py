@@ -21,15 +21,12 @@ before it: compare the classes within a run, round by round. Writes the JSON to 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from bench import workloads as wl
-from bench.bound import cpu_by_role, ecstore_gateway
+from bench.bound import cpu_by_role, ecstore_gateway, finish, start
 from bench.compare import flush_page_cache
 
 MIB = 1024 * 1024
@@ -112,16 +109,9 @@ def render(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    t0 = time.perf_counter()
-
-    def log(msg: str) -> None:
-        print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
-
-    from store import tune_allocator
-    tune_allocator()         # as bench.compare does, for boto3's buffers
+    log, started, load = start()
     rows: list[dict[str, Any]] = []
     failures: list[str] = []
-    started, load = time.strftime("%Y-%m-%dT%H:%M:%S"), os.getloadavg()
     data = wl.Data()
     try:
         with ecstore_gateway() as (t, roles):
@@ -138,12 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"started": started, "loadavg_start": load, "writers": args.writers,
               "object_bytes": args.mib * MIB, "rounds": args.rounds,
               "storage_class": args.storage_class, "rows": rows, "failures": failures}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report, indent=2) if args.json else render(rows))
-    for f in failures:
-        print(f"failed: {f}", file=sys.stderr)
-    return 1 if failures or any(r["errors"] for r in rows) else 0
+    return finish(report, args.out, args.json, render(rows))
 
 
 if __name__ == "__main__":
