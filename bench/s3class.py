@@ -28,6 +28,7 @@ from typing import Any
 from bench import workloads as wl
 from bench.bound import cpu_by_role, ecstore_gateway, finish, start
 from bench.compare import flush_page_cache
+from node.s3.objects import STORAGE_CLASSES
 
 MIB = 1024 * 1024
 DEFAULT_OUT = Path("bench/results/s3class.json")
@@ -53,8 +54,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.rounds = a.rounds or (1 if a.quick else 2)
     if min(a.writers, a.mib, a.rounds) < 1:
         ap.error("--writers, --mib and --rounds must be at least 1")
-    if a.storage_class == "STANDARD":
-        ap.error("--storage-class names the class compared with STANDARD: another one")
+    if a.storage_class == "STANDARD" or a.storage_class not in STORAGE_CLASSES:
+        ap.error(f"--storage-class: one of {', '.join(STORAGE_CLASSES[1:])} (compared with "
+                 f"STANDARD); got {a.storage_class!r}")
     return a
 
 
