@@ -69,18 +69,15 @@ def one_round(t: wl.S3Target, roles: Any, data: wl.Data, cls: str, n: int, write
     """Put `writers` objects of `size` bytes of class `cls` at once, then get them back."""
     def key(i: int) -> str:
         return f"r{n}/{cls}/{i}"
-    extra = {} if cls == "STANDARD" else {"StorageClass": cls}
-
-    def put(i: int) -> int:
-        src = wl.StreamReader(data.stream_blocks(SEED + i, size))
-        t.s3.upload_fileobj(src, t.bucket, key(i), Config=t.transfer, ExtraArgs=extra)
-        data.record_stream(SEED + i, size, src.sha.hexdigest())
-        return src.sent
     mib = writers * size / MIB
     flush_page_cache()
     before = cpu_by_role(roles())
-    res_put = wl.thread_pool(writers, writers, put)
+    res_put, sent = t.put_streams(key, lambda i: data.stream_blocks(SEED + i, size), writers,
+                                  600.0, None if cls == "STANDARD" else {"StorageClass": cls})
     mid = cpu_by_role(roles())
+    for i, sha in enumerate(sent):
+        if sha:
+            data.record_stream(SEED + i, size, sha)
     res_get = t.get_streams(key, lambda i: data.stream_sha.get((SEED + i, size), "not put"),
                             size, writers, 600.0)
     after = cpu_by_role(roles())

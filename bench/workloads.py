@@ -500,13 +500,15 @@ class S3Target:
                 return check_bytes(body.read(), expect(i))
         return thread_pool(count, conc, op)
 
-    def put_streams(self, key: KeyFn, blocks: BlocksFn, count: int,
-                    timeout_s: float) -> tuple[PoolResult, list[str]]:
+    def put_streams(self, key: KeyFn, blocks: BlocksFn, count: int, timeout_s: float,
+                    extra_args: dict[str, str] | None = None) -> tuple[PoolResult, list[str]]:
+        """`extra_args`: upload_fileobj's ExtraArgs (a StorageClass, ...)."""
         sent = [""] * count
 
         def op(i: int) -> int:
             src = StreamReader(blocks(i))
-            self.s3.upload_fileobj(src, self.bucket, key(i), Config=self.transfer)
+            self.s3.upload_fileobj(src, self.bucket, key(i), Config=self.transfer,
+                                   ExtraArgs=extra_args)
             sent[i] = src.sha.hexdigest()
             return src.sent
         return thread_pool(count, count, op), sent

@@ -35,7 +35,7 @@ def _no_such_upload() -> S3Error:
                    "completed.", 404)
 
 
-async def _upload(ctx: S3Ctx) -> dict[str, object]:
+async def _upload(ctx: S3Ctx) -> dict[str, Any]:
     try:
         up = await mp.get_upload(ctx.client, ctx.bucket, ctx.query["uploadId"])
     except mp.NoSuchUpload:
@@ -147,7 +147,6 @@ def _int_query(ctx: S3Ctx, name: str, default: int) -> int:
 async def list_parts(ctx: S3Ctx) -> web.StreamResponse:
     brec = await ctx.owned_bucket()
     up = await _upload(ctx)
-    fields: Any = up["fields"]
     marker = _int_query(ctx, "part-number-marker", 0)
     max_parts = min(_int_query(ctx, "max-parts", MAX_LISTED), MAX_LISTED)
     parts, truncated = (await mp.list_parts(ctx.client, ctx.query["uploadId"], marker, max_parts)
@@ -157,7 +156,7 @@ async def list_parts(ctx: S3Ctx) -> web.StreamResponse:
                          el("ETag", f'"{p.etag}"'), el("Size", p.size)]) for p in parts]
     head = [el("Bucket", ctx.bucket), el("Key", ctx.key), el("UploadId", ctx.query["uploadId"]),
             owner_xml(owner, "Initiator"), owner_xml(owner),
-            el("StorageClass", fields.get("storage_class") or "STANDARD"),
+            el("StorageClass", up["fields"].get("storage_class") or "STANDARD"),
             el("PartNumberMarker", marker),
             el("MaxParts", max_parts), el("IsTruncated", truncated)]
     if truncated:
