@@ -282,7 +282,7 @@ class Client(LoopBound):
         """Create a bucket; `fields` (e.g. owner, acl) are kept in its record."""
         check_bucket_name(bucket)
         if fields.get("policy") is not None:  # the default policy of the bucket's objects
-            self._policy(await self.cluster_map(), fields["policy"])
+            self.policy_of(await self.cluster_map(), fields["policy"])
         if await self._bucket_record(bucket) is not None:
             raise Conflict(f"bucket {bucket} already exists")
         record = {**fields, "deleted": False, "created": time.time()}
@@ -367,7 +367,9 @@ class Client(LoopBound):
         return rec
 
     @staticmethod
-    def _policy(cmap: ClusterMap, name: str | None) -> Policy:
+    def policy_of(cmap: ClusterMap, name: str | None) -> Policy:
+        """The map's policy `name` (None: the map's default); BadRequest naming the map's
+        policies when it has none of that name."""
         try:
             return cmap.policy(name)
         except KeyError:
@@ -397,7 +399,7 @@ class Client(LoopBound):
             raise BadRequest(f"user metadata larger than {MAX_USER_META_BYTES} bytes")
         brec = await self._require_bucket(bucket)
         cmap = await self.cluster_map()
-        pol = self._policy(cmap, policy or brec.get("policy"))
+        pol = self.policy_of(cmap, policy or brec.get("policy"))
         vid = new_version_id()
         record: dict[str, Any] = {
             "ts": time.time_ns(), "version_id": vid, "deleted": False,

@@ -88,11 +88,12 @@ async def create_upload(c: Client, bucket: str, key: str, *, content_type: str,
                         meta: dict[str, str], fields: dict[str, Any] | None = None,
                         policy: str | None = None, cache: bool = True) -> str:
     """Start an upload; `fields` (owner, acl, headers, storage_class) go into the final
-    record; `cache=False` has its parts written uncached (Client.put's). Returns its id."""
+    record; `policy` (else the bucket's default, as Client.put) is its parts'; `cache=False`
+    has its parts written uncached (Client.put's). Returns its id."""
     check_key(key)
-    await c.bucket_record(bucket)
+    brec = await c.bucket_record(bucket)
     cmap = await c.cluster_map()
-    pol = cmap.policy(policy)
+    pol = c.policy_of(cmap, policy or brec.get("policy"))
     upload_id = new_version_id()
     record = {"ts": time.time_ns(), "version_id": upload_id, "deleted": False,
               "bucket": bucket, "key": key, "content_type": content_type, "meta": meta,

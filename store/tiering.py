@@ -32,6 +32,12 @@ from store.errors import EcstoreError, Unavailable
 from store.wire import unpack
 from store.workers import RateLimiter, WorkReport, live_records
 
+COLD_POLICY = "cold"
+# S3's archive storage classes (a record's "storage_class"): capacity media by their
+# name. Such an object is written to the cold policy where the map has one (the
+# gateway, node.s3.objects), and a pass moves one that is not there (written before
+# the map had a cold tier) at once and never brings it back, however often it is read.
+ARCHIVE_CLASSES = frozenset({"GLACIER_IR", "GLACIER", "DEEP_ARCHIVE"})
 DEFAULT_COLD_AFTER_S = 7 * 86400.0
 DEFAULT_PROMOTE_READS = 3
 DEFAULT_WINDOW_S = 3600.0
@@ -44,7 +50,7 @@ class TierRules:
     promote_reads: int = DEFAULT_PROMOTE_READS
     window_s: float = DEFAULT_WINDOW_S
     hot: str = "hot"
-    cold: str = "cold"
+    cold: str = COLD_POLICY
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,8 @@ def decide(record: Mapping[str, Any], usage: Usage, rules: TierRules, now: float
     """"demote", "promote" or None for one live record (pure)."""
     if record.get("inline") is not None or record.get("deleted"):
         return None
+    if record.get("storage_class") in ARCHIVE_CLASSES:   # pinned to the cold policy
+        return "demote" if record.get("policy") == rules.hot else None
     last = max(usage.last_read, record["ts"] / 1e9)
     if record.get("policy") == rules.hot and now - last >= rules.cold_after_s:
         return "demote"
@@ -157,12 +165,12 @@ async def tier_status(c: Client, rules: TierRules, now: float | None = None) -> 
         row["bytes"] += int(record["size"])
         row["stored_bytes"] += stored_bytes(record)
         action = decide(record, usage[bucket].get(key, NEVER_READ), rules, now)
-        if action is not None and _has_policy(cmap, rules.cold if action == "demote" else rules.hot):
+        if action is not None and has_policy(cmap, rules.cold if action == "demote" else rules.hot):
             status.due.append(TierEntry(bucket, key, record, action))
     return status
 
 
-def _has_policy(cmap: ClusterMap, name: str) -> bool:
+def has_policy(cmap: ClusterMap, name: str) -> bool:
     return any(p.name == name for p in cmap.policies)
 
 

@@ -16,9 +16,10 @@ from node.s3.body import BodyReader
 from node.s3.context import Md5Stream, S3Ctx, access_denied, bucket_owner, canned_acl
 from node.s3.errors import S3Error
 from node.s3.xml import child_text, doc, el, escape, http_date, iso8601, owner_xml, parse
-from store.client import MAX_USER_META_BYTES
+from store.client import MAX_USER_META_BYTES, Client
 from store.errors import EcstoreError, NotFound, RangeNotSatisfiable
 from store.striping import resolve_range
+from store.tiering import ARCHIVE_CLASSES, COLD_POLICY, has_policy
 
 log = logging.getLogger("ecstore.gateway")
 STORED_HEADERS = ("Cache-Control", "Content-Disposition", "Content-Encoding", "Content-Language",
@@ -35,7 +36,9 @@ STORAGE_CLASS_HEADER = "x-amz-storage-class"
 # S3's storage classes (x-amz-storage-class): each is taken and kept with the object;
 # the infrequent-access and archive ones are written uncached - the storage nodes do not
 # keep their fragments in the page cache (Client.put's cache=False) - as nobody reads
-# them soon. The others (and none, STANDARD) are written as any object.
+# them soon, and the archive ones (store.tiering.ARCHIVE_CLASSES) on the cold policy
+# where the map has one (capacity media). The others (and none, STANDARD) are written as
+# any object, on the bucket's default policy.
 STORAGE_CLASSES = ("STANDARD", "REDUCED_REDUNDANCY", "STANDARD_IA", "ONEZONE_IA",
                    "INTELLIGENT_TIERING", "GLACIER", "DEEP_ARCHIVE", "OUTPOSTS", "GLACIER_IR",
                    "SNOW", "EXPRESS_ONEZONE")
@@ -79,6 +82,14 @@ def class_field(cls: str | None) -> dict[str, str]:
 def cached(cls: str | None) -> bool:
     """Whether an object of storage class `cls` is written cached (Client.put's cache)."""
     return cls not in UNCACHED_CLASSES
+
+
+async def class_policy(client: Client, cls: str | None) -> str | None:
+    """The policy objects of storage class `cls` are written to: the cold one for an
+    archive class where the map has it, else None (the bucket's default)."""
+    if cls not in ARCHIVE_CLASSES:
+        return None
+    return COLD_POLICY if has_policy(await client.cluster_map(), COLD_POLICY) else None
 
 
 def checksum_headers(rec: Mapping[str, Any]) -> dict[str, str]:
@@ -241,7 +252,8 @@ async def put_object(ctx: S3Ctx) -> web.StreamResponse:
                 **class_field(cls)}
     info = await ctx.client.put(ctx.bucket, ctx.key, aiter(body),
                                 content_type=ctx.headers.get("Content-Type", "binary/octet-stream"),
-                                meta=meta, extra=extra, cache=cached(cls))
+                                meta=meta, extra=extra, cache=cached(cls),
+                                policy=await class_policy(ctx.client, cls))
     del info
     out = {"ETag": f'"{body.md5_hex}"'}
     out.update({f"x-amz-checksum-{a}": v for a, v in body.checksums.items()})
@@ -291,7 +303,7 @@ async def copy_object(ctx: S3Ctx) -> web.StreamResponse:
                                 meta=meta, extra=lambda: {"etag": stream.md5_hex(),
                                                           "headers": keep, "acl": acl,
                                                           **class_field(cls)},
-                                cache=cached(cls))
+                                cache=cached(cls), policy=await class_policy(ctx.client, cls))
     body = doc("CopyObjectResult", el("LastModified", iso8601(info.ts)),
                el("ETag", f'"{stream.md5_hex()}"'))
     return web.Response(body=body, content_type="application/xml")

@@ -172,3 +172,71 @@ def test_bucket_default_policy(tiered: LocalCluster) -> None:
     bad = ecstore(tiered.path, "mb", "nowhere", "--policy", "tepid", ok=False)
     assert bad.returncode == 2 and "no storage policy 'tepid'" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_s3_archive_classes_are_written_cold_and_stay_there(tiered: LocalCluster) -> None:
+    """GLACIER_IR, GLACIER and DEEP_ARCHIVE ask for capacity media: put, multipart and
+    copy write them on the cold policy (infrequent access and STANDARD on the bucket's
+    default); a pass moves one found on hot there at once, and never promotes one."""
+    s3 = s3_of(tiered)
+    s3.create_bucket(Bucket="classes")
+    body = os.urandom(3 * MiB + 7)
+    for key, cls in (("glacier", "GLACIER"), ("deep", "DEEP_ARCHIVE"), ("ia", "STANDARD_IA"),
+                     ("std", None), ("moved", None)):
+        s3.put_object(Bucket="classes", Key=key, Body=body,
+                      **({"StorageClass": cls} if cls else {}))
+    parts = [os.urandom(5 * MiB), os.urandom(MiB + 3)]
+    up = s3.create_multipart_upload(Bucket="classes", Key="mp", StorageClass="GLACIER_IR")
+    done = [{"PartNumber": n, "ETag": s3.upload_part(
+        Bucket="classes", Key="mp", UploadId=up["UploadId"], PartNumber=n, Body=p)["ETag"]}
+        for n, p in enumerate(parts, 1)]
+    s3.complete_multipart_upload(Bucket="classes", Key="mp", UploadId=up["UploadId"],
+                                 MultipartUpload={"Parts": done})
+    s3.copy_object(Bucket="classes", Key="moved", StorageClass="DEEP_ARCHIVE",  # onto itself
+                   CopySource={"Bucket": "classes", "Key": "moved"})
+    want = {"glacier": "cold", "deep": "cold", "mp": "cold", "moved": "cold", "ia": "hot",
+            "std": "hot"}
+    with SyncClient(tiered.path) as c:
+        for key, tier in want.items():
+            rec = record(c, "classes", key)
+            assert (rec["policy"], tiers_of(c, "classes", key)) == (tier, {tier}), key
+    for key in want:
+        expect = b"".join(parts) if key == "mp" else body
+        assert s3.get_object(Bucket="classes", Key=key)["Body"].read() == expect, key
+    assert s3.head_object(Bucket="classes", Key="mp")["StorageClass"] == "GLACIER_IR"
+    assert s3.head_object(Bucket="classes", Key="moved")["StorageClass"] == "DEEP_ARCHIVE"
+
+    with SyncClient(tiered.path) as c:
+        for _ in range(4):          # read often: a cold object of another class would come back
+            assert c.get("classes", "deep", 0, 99) == body[:100]
+        # as if written before the map had a cold tier
+        assert c._run(move_object(c.client, "classes", "glacier",
+                                  record(c, "classes", "glacier"), "hot"))
+        assert tiers_of(c, "classes", "glacier") == {"hot"}
+    rep = tier_json(tiered, "run", "--once", "--promote-reads", "3", "--window", "60")
+    assert rep["failed"] == 0, rep
+    with SyncClient(tiered.path) as c:
+        assert record(c, "classes", "glacier")["policy"] == "cold"   # at once, not in a week
+        assert tiers_of(c, "classes", "glacier") == {"cold"}
+        assert record(c, "classes", "deep")["policy"] == "cold"
+        assert record(c, "classes", "std")["policy"] == "hot"
+        assert c.get("classes", "glacier") == body
+
+
+def test_s3_multipart_uploads_take_the_buckets_default_policy(tiered: LocalCluster) -> None:
+    """A bucket made with `--policy cold` gets its multipart uploads' parts on the cold
+    nodes too, as its plain puts (they went to the map's default before)."""
+    ecstore(tiered.path, "mb", "cold-default", "--policy", "cold")
+    s3 = s3_of(tiered)
+    data = os.urandom(5 * MiB + 11)
+    up = s3.create_multipart_upload(Bucket="cold-default", Key="m")
+    etag = s3.upload_part(Bucket="cold-default", Key="m", UploadId=up["UploadId"],
+                          PartNumber=1, Body=data)["ETag"]
+    s3.complete_multipart_upload(Bucket="cold-default", Key="m", UploadId=up["UploadId"],
+                                 MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": etag}]})
+    s3.put_object(Bucket="cold-default", Key="p", Body=data)
+    with SyncClient(tiered.path) as c:
+        for key in ("m", "p"):
+            assert record(c, "cold-default", key)["policy"] == "cold", key
+            assert tiers_of(c, "cold-default", key) == {"cold"}, key
+    assert s3.get_object(Bucket="cold-default", Key="m")["Body"].read() == data
