@@ -171,6 +171,7 @@ async def tier_status(c: Client, rules: TierRules, now: float | None = None) -> 
 
 
 def has_policy(cmap: ClusterMap, name: str) -> bool:
+    """Whether the map has a policy of that name (a cold one only where cold nodes are)."""
     return any(p.name == name for p in cmap.policies)
 
 
