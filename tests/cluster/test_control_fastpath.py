@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import time
 from collections.abc import Iterator
 
@@ -20,6 +19,7 @@ from node.fastpath import FAST_PATH_ENV
 from store.digest import digest
 from store.transport import Transport, quote_key
 from store.wire import pack, unpack
+from tests import scrape
 from tests.cluster.rawhttp import Conn, converse, exchange, first_answer, signed_request
 from tests.cluster.storagenode import SECRET, Node, control_node, logged
 
@@ -58,8 +58,9 @@ def metrics(node: Node) -> dict[str, float]:
     aiohttp, and counted)."""
     status, body = once(node, request("GET", "/metrics"))
     assert status == 200
-    return {m.group(1): float(m.group(2)) for m in re.finditer(
-        r"^ecstore_control_(fast_requests|fast_handovers)_total (\S+)$", body.decode(), re.M)}
+    got = scrape.counters(body.decode(), ("fast_requests_total", "fast_handovers_total"),
+                          prefix="ecstore_control_")
+    return {n.removesuffix("_total"): v for n, v in got.items()}
 
 
 def log_lines(node: Node, at_least: int = 0) -> list[tuple[str, ...]]:

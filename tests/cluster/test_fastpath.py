@@ -7,7 +7,6 @@ clients that hang up, read slowly or meet a shutdown lose nothing that was ackno
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import socket
@@ -23,6 +22,7 @@ from node.fragments import stored_fragments
 from store.auth import CHECKSUM_HEADER
 from store.digest import digest
 from store.wire import FRAGMENT_CRC_HEADER, FRAGMENT_META_HEADER, pack_header
+from tests import scrape
 from tests.cluster.rawhttp import Conn, converse, exchange, first_answer, signed_request
 from tests.cluster.storagenode import SECRET, Node, logged, storage_node
 
@@ -61,9 +61,9 @@ def metrics(node: Node) -> dict[str, float]:
     its own: that connection is handed to aiohttp, and counted)."""
     status, _, body = once(node, request("GET", "/metrics"))
     assert status == 200
-    return {m.group(1): float(m.group(2)) for m in re.finditer(
-        r"^ecstore_storage_(fast_requests|fast_handovers|sendfile_gets)_total (\S+)$",
-        body.decode(), re.M)}
+    got = scrape.counters(body.decode(), ("fast_requests_total", "fast_handovers_total",
+                                          "sendfile_gets_total"), prefix="ecstore_storage_")
+    return {n.removesuffix("_total"): v for n, v in got.items()}
 
 
 def request_lines(node: Node, at_least: int = 0) -> list[tuple[str, ...]]:

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import random
-import re
 
 from cli.localcluster import LocalCluster
 from store.transport import Transport
 from store.wire import pack, unpack
+from tests import scrape
 
 
 def counters(text: str) -> dict[str, float]:
-    return {m.group(1): float(m.group(2)) for m in
-            re.finditer(r"^(ecstore_control_db_(?:writes|batches)_total) (\S+)$", text, re.M)}
+    return scrape.counters(text, ("ecstore_control_db_writes_total",
+                                  "ecstore_control_db_batches_total"))
 
 
 async def metrics(t: Transport, url: str) -> dict[str, float]:

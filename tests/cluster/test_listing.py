@@ -14,6 +14,7 @@ from node.metadb import SUMMARIES_KEY, MetaDB
 from store.client import Client
 from store.listing import ListResult
 from store.wire import unpack
+from tests import scrape
 from tests.cluster.conftest import wait_for
 
 
@@ -145,8 +146,7 @@ def test_deletes_control_nodes_missed_never_list_their_prefix(all_up: LocalClust
 async def listed_rows(c: Client, address: str) -> dict[str, float]:
     """A control node's ecstore_control_listed_rows_total, by source."""
     text = (await c.t.request("GET", address, "/metrics")).body.decode()
-    return {m.group(1): float(m.group(2)) for m in re.finditer(
-        r'^ecstore_control_listed_rows_total\{source="(\w+)"\} (\S+)$', text, re.M)}
+    return scrape.by_label(scrape.parse(text), "ecstore_control_listed_rows_total", "source")
 
 
 async def node_rows(c: Client, address: str, bucket: str) -> list[list[object]]:

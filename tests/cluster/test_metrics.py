@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 from botocore.client import BaseClient
 from botocore.exceptions import ClientError
-from prometheus_client.parser import text_string_to_metric_families
 
 from cli.localcluster import LocalCluster, free_port, signed_request
 from node.fragments import MAX_HEADER_BYTES, RECORD_MAGIC, RECORD_PREFIX, stored_fragments
@@ -25,12 +24,12 @@ from store.client import SyncClient
 from store.wire import unpack
 from tests.cluster.s3_fixtures import gateway_cluster, gateway_of, make_client
 from tests.functional.harness import flip_last_byte, fragments_on_disk
+from tests.scrape import Samples, parse, value
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "test-metrics-token-0123456789"
 BUCKET = "metered"
 OBJECT_BYTES = 300_000          # above the inline limit: one segment, k+m fragments
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 # ---- the cluster and scraping -----------------------------------------------------------
@@ -73,22 +72,11 @@ def fetch(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
         return 0, str(exc.reason)
 
 
-def parse(text: str) -> Samples:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
-
-
 def scrape(cluster: LocalCluster, node_id: str) -> Samples:
     status, text = fetch(cluster.nodes[node_id].url + metrics_path(cluster, node_id),
                          {"Authorization": f"Bearer {TOKEN}"})
     assert status == 200, text
     return parse(text)
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    """The sum of the samples named `name` whose labels include `labels` (0 if none)."""
-    want = set(labels.items())
-    return sum(v for (n, ls), v in samples.items() if n == name and want <= set(ls))
 
 
 def nodes(cluster: LocalCluster, role: str) -> list[str]:

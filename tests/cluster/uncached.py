@@ -2,13 +2,13 @@
 counters and support gauge (/metrics), and a skip, naming why, where the kernel has no such write."""
 from __future__ import annotations
 
-import re
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from cli.localcluster import LocalCluster, signed_request
+from tests import scrape
 from tests.functional.harness import dontcache_refusal
 
 
@@ -22,10 +22,8 @@ def skip_unless_uncached_writes() -> None:
 def counters(metrics_text: str) -> dict[str, float]:
     """ecstore_storage_uncached_writes_total and _supported, and
     ecstore_storage_uncached_reads_total, from a /metrics page."""
-    return {m.group(1): float(m.group(2)) for m in re.finditer(
-        r"^ecstore_storage_(uncached_writes_total|uncached_writes_supported"
-        r"|uncached_reads_total) (\S+)$",
-        metrics_text, re.M)}
+    return scrape.counters(metrics_text, ("uncached_writes_total", "uncached_writes_supported",
+                                          "uncached_reads_total"), prefix="ecstore_storage_")
 
 
 def node_counters(cluster: LocalCluster, node_id: str) -> dict[str, float]:

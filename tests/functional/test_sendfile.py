@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from prometheus_client.parser import text_string_to_metric_families
 
 from node import zerocopy
 from node.storage import SENDFILE_MIN_BYTES, SENDS, STORE
 from store.auth import CHECKSUM_HEADER, sign_headers
 from store.digest import digest
 from store.transport import Transport
+from tests import scrape
 from tests.functional import harness
 from tests.functional.harness import SECRET
 
@@ -84,12 +84,12 @@ def test_cached_fragments_go_by_sendfile_and_arrive_whole(tmp_path: Path) -> Non
         assert app[SENDS].gets == 2 * len(big)
         assert app[SENDS].bytes == 2 * sum(big)
         text = (await t.request("GET", url, "/metrics")).body.decode()
-        samples = {(s.name, s.labels.get("op")): s.value
-                   for fam in text_string_to_metric_families(text) for s in fam.samples}
-        assert samples[("ecstore_storage_sendfile_gets_total", None)] == 2 * len(big)
-        assert samples[("ecstore_storage_sendfile_bytes_total", None)] == 2 * sum(big)
+        samples = scrape.parse(text)
+        assert samples[("ecstore_storage_sendfile_gets_total", ())] == 2 * len(big)
+        assert samples[("ecstore_storage_sendfile_bytes_total", ())] == 2 * sum(big)
         # the bytes a node sent count what went by sendfile too: every body, and the heads
-        assert samples[("ecstore_http_sent_bytes_total", "get_fragment")] > 2 * sum(SIZES)
+        assert scrape.value(samples, "ecstore_http_sent_bytes_total", op="get_fragment") \
+            > 2 * sum(SIZES)
     serve(tmp_path, body)
 
 
