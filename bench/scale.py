@@ -67,7 +67,7 @@ PROFILES: dict[str, dict[str, int]] = {
     "full": dict(lookup_keys=100_000, move_keys=200_000, bucket_keys=200_000, repeats=5, build_limit=300),
 }
 
-Record = Row   # [key, ts, version_id, deleted, size, etag, content_type]
+Record = Row   # [key, ts, version_id, deleted, size, etag, content_type, storage_class]
 Log = Callable[[str], None]
 
 
@@ -285,7 +285,7 @@ def moved_rows(base: Ring, p: dict[str, int], log: Log) -> list[dict[str, Any]]:
 def record(key: str, i: int) -> Record:
     """A record as a control node's listing sends it (a row, store.listing.ROW_FIELDS)."""
     return [key, 1_700_000_000_000_000_000 + i, f"{i:026x}", False, 4 * 1024 * 1024, f"{i:032x}",
-            "application/octet-stream"]
+            "application/octet-stream", None]
 
 
 def spread_keys(keys: Sequence[str], ring: Ring, replicas: int) -> list[list[Record]]:

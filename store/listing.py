@@ -25,8 +25,8 @@ MAX_ROLLED_DELIMITER_BYTES = 1024   # what a control node takes (a longer one is
 PAST_PREFIX = "\U0010ffff"  # sorts after any key character, in UTF-8 bytes too
 # a control node's listed row (GET /v1/list/{bucket}?rows=1): these fields, in this order;
 # the merge below works on such rows (lists), by these indexes
-# (storage_class came later: a row of a node that does not send it is one shorter, and
-# stands for None - S3's STANDARD)
+# (fields are only ever appended - storage_class came later: a node of an older version
+# sends shorter rows, padded with None where they arrive, _NodeCursor.fetch)
 ROW_FIELDS = ("key", "ts", "version_id", "deleted", "size", "etag", "content_type",
               "storage_class")
 KEY, TS, VERSION, DELETED, SIZE, ETAG, CONTENT_TYPE, STORAGE_CLASS = range(8)
@@ -120,8 +120,7 @@ def merge_page(records: Iterator[Row], prefix: str, delimiter: str,
                 continue
         if listed == max_keys:
             return ListResult(objects, prefixes, True, last)
-        objects.append(entry(key, r[SIZE], r[TS], r[VERSION], r[ETAG],
-                             r[STORAGE_CLASS] if len(r) > STORAGE_CLASS else None))
+        objects.append(entry(key, r[SIZE], r[TS], r[VERSION], r[ETAG], r[STORAGE_CLASS]))
         listed += 1
         last = key
     return ListResult(objects, prefixes, False, last)
@@ -146,7 +145,12 @@ class _NodeCursor:
                                      query=query, timeout_s=10.0)
         body = unpack(reply.body)
         rows = body.get("rows")   # None: a node that sends maps ("records") only
-        self.page = [row_of(r) for r in body["records"]] if rows is None else rows
+        if rows is None:
+            self.page = [row_of(r) for r in body["records"]]
+        elif rows and len(rows[0]) < len(ROW_FIELDS):   # a node of an older version
+            self.page = [r + [None] * (len(ROW_FIELDS) - len(r)) for r in rows]
+        else:
+            self.page = rows
         self.truncated = body["truncated"]
         if self.page:
             self.after = body.get("resume") or self.page[-1][KEY]

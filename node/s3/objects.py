@@ -42,7 +42,7 @@ STORAGE_CLASS_HEADER = "x-amz-storage-class"
 STORAGE_CLASSES = ("STANDARD", "REDUCED_REDUNDANCY", "STANDARD_IA", "ONEZONE_IA",
                    "INTELLIGENT_TIERING", "GLACIER", "DEEP_ARCHIVE", "OUTPOSTS", "GLACIER_IR",
                    "SNOW", "EXPRESS_ONEZONE")
-UNCACHED_CLASSES = ("STANDARD_IA", "ONEZONE_IA", "GLACIER", "GLACIER_IR", "DEEP_ARCHIVE")
+UNCACHED_CLASSES = frozenset({"STANDARD_IA", "ONEZONE_IA"}) | ARCHIVE_CLASSES
 
 
 # ---- records to headers ------------------------------------------------------------------
@@ -79,17 +79,13 @@ def class_field(cls: str | None) -> dict[str, str]:
     return {"storage_class": cls} if cls else {}
 
 
-def cached(cls: str | None) -> bool:
-    """Whether an object of storage class `cls` is written cached (Client.put's cache)."""
-    return cls not in UNCACHED_CLASSES
-
-
-async def class_policy(client: Client, cls: str | None) -> str | None:
-    """The policy objects of storage class `cls` are written to: the cold one for an
-    archive class where the map has it, else None (the bucket's default)."""
-    if cls not in ARCHIVE_CLASSES:
-        return None
-    return COLD_POLICY if has_policy(await client.cluster_map(), COLD_POLICY) else None
+async def class_writes(client: Client, cls: str | None) -> dict[str, Any]:
+    """How objects of storage class `cls` are written - Client.put's (and a multipart
+    upload's) `cache` and `policy`: uncached for the infrequent-access and archive
+    classes, on the cold policy for an archive class where the map has one, else the
+    bucket's default (None)."""
+    cold = cls in ARCHIVE_CLASSES and has_policy(await client.cluster_map(), COLD_POLICY)
+    return {"cache": cls not in UNCACHED_CLASSES, "policy": COLD_POLICY if cold else None}
 
 
 def checksum_headers(rec: Mapping[str, Any]) -> dict[str, str]:
@@ -252,8 +248,7 @@ async def put_object(ctx: S3Ctx) -> web.StreamResponse:
                 **class_field(cls)}
     info = await ctx.client.put(ctx.bucket, ctx.key, aiter(body),
                                 content_type=ctx.headers.get("Content-Type", "binary/octet-stream"),
-                                meta=meta, extra=extra, cache=cached(cls),
-                                policy=await class_policy(ctx.client, cls))
+                                meta=meta, extra=extra, **await class_writes(ctx.client, cls))
     del info
     out = {"ETag": f'"{body.md5_hex}"'}
     out.update({f"x-amz-checksum-{a}": v for a, v in body.checksums.items()})
@@ -303,7 +298,7 @@ async def copy_object(ctx: S3Ctx) -> web.StreamResponse:
                                 meta=meta, extra=lambda: {"etag": stream.md5_hex(),
                                                           "headers": keep, "acl": acl,
                                                           **class_field(cls)},
-                                cache=cached(cls), policy=await class_policy(ctx.client, cls))
+                                **await class_writes(ctx.client, cls))
     body = doc("CopyObjectResult", el("LastModified", iso8601(info.ts)),
                el("ETag", f'"{stream.md5_hex()}"'))
     return web.Response(body=body, content_type="application/xml")

@@ -14,9 +14,8 @@ from node.s3.buckets import xml_response
 from node.s3.context import Md5Stream, S3Ctx, bucket_owner, canned_acl
 from node.s3.errors import S3Error
 from node.s3.objects import (
-    cached,
     class_field,
-    class_policy,
+    class_writes,
     copy_source,
     parse_range,
     readable_record,
@@ -53,8 +52,8 @@ async def create_upload(ctx: S3Ctx) -> web.StreamResponse:
               "owner": brec.get("owner", ""), **class_field(cls)}
     upload_id = await mp.create_upload(
         ctx.client, ctx.bucket, ctx.key, meta=user_meta(ctx.headers), fields=fields,
-        content_type=ctx.headers.get("Content-Type", "binary/octet-stream"), cache=cached(cls),
-        policy=await class_policy(ctx.client, cls))
+        content_type=ctx.headers.get("Content-Type", "binary/octet-stream"),
+        **await class_writes(ctx.client, cls))
     return xml_response(doc("InitiateMultipartUploadResult", el("Bucket", ctx.bucket),
                             el("Key", ctx.key), el("UploadId", upload_id)))
 

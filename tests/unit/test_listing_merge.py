@@ -28,7 +28,7 @@ def test_merge_matches_model(keys: list[str], deleted: set[int], prefix: str, de
             gone = keys.index(k) in deleted
             newest_here = (i + r) % replicas == 0 or r == 0
             ts = 10 if newest_here else 5
-            rows.append([k, ts, "v", gone if newest_here else not gone, 1, None, ""])
+            rows.append([k, ts, "v", gone if newest_here else not gone, 1, None, "", None])
         streams.append(iter(rows))
     page = merge_page(newest_per_key(streams), prefix, delimiter, max_keys)
     objs, prefixes, truncated = model(live, prefix, delimiter, "", max_keys)
