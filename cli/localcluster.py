@@ -45,16 +45,37 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999                # Linux's default
 
 
+PORT_RANGE_ENV = "ECSTORE_PORT_RANGE"
+
+
+def _listen_range() -> tuple[int, int] | None:
+    """[first, last) of the ports free_port picks from: ECSTORE_PORT_RANGE=FIRST-LAST when
+    set (a firewall's opening; the test suite gives each parallel worker its own), else
+    LISTEN_PORT_FLOOR up to the kernel's ephemeral range, None when there is no room."""
+    spec = os.environ.get(PORT_RANGE_ENV)
+    if spec:
+        try:
+            first, last = (int(p) for p in spec.split("-"))
+        except ValueError:
+            raise ValueError(f"{PORT_RANGE_ENV}={spec!r}: expected FIRST-LAST, "
+                             "e.g. 20000-20999") from None
+        if not 1024 <= first < last <= 65535:
+            raise ValueError(f"{PORT_RANGE_ENV}={spec!r}: expected 1024 <= FIRST < LAST "
+                             "<= 65535")
+        return first, last + 1
+    lo, _ = _ephemeral_range()
+    return (LISTEN_PORT_FLOOR, lo) if lo - LISTEN_PORT_FLOOR > 1000 else None
+
+
 def free_port() -> int:
     """A port nothing listens on now, never handed out twice in one process, and below
     the kernel's ephemeral range when there is room: an outgoing connection's local
     port comes from that range, and one could take the port of a node that is down
     before it restarts (its bind then fails with EADDRINUSE). bind(0) handed out ports
     from that very range, and now and then the same port to two nodes of one cluster."""
-    lo, _ = _ephemeral_range()
+    span = _listen_range()
     for _ in range(500):
-        port = (_PORTS.randrange(LISTEN_PORT_FLOOR, lo) if lo - LISTEN_PORT_FLOOR > 1000
-                else 0)
+        port = _PORTS.randrange(*span) if span else 0
         if port in _HANDED_OUT:
             continue
         with socket.socket() as s:

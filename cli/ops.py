@@ -256,7 +256,10 @@ def cmd_add_node(a: argparse.Namespace) -> int:
     from store.cluster import ClusterInfo
 
     cluster = _load_local(Path(a.data))
-    spec = cluster.add_node_spec(a.role, a.zone, a.tier)
+    try:
+        spec = cluster.add_node_spec(a.role, a.zone, a.tier)
+    except ValueError as exc:   # ECSTORE_PORT_RANGE malformed
+        raise BadRequest(str(exc)) from None
     cluster.start_node(spec.id)
     cluster.write()
     cluster.wait_healthy([spec.id])

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.localcluster import LocalCluster, _ephemeral_range, free_port
+from cli.localcluster import PORT_RANGE_ENV, LocalCluster, _ephemeral_range, free_port
 
 
 def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range() -> None:
@@ -21,6 +21,17 @@ def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range() -> Non
     assert all(p < lo for p in ports)
     with socket.socket() as s:
         s.bind(("127.0.0.1", ports[-1]))
+
+
+def test_port_range_bounds_the_ports_and_a_bad_one_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PORT_RANGE_ENV, "23000-23099")
+    ports = [free_port() for _ in range(40)]
+    assert len(set(ports)) == 40 and all(23000 <= p <= 23099 for p in ports)
+    for bad in ("23000", "x-y", "23100-23000", "80-90", "60000-70000"):
+        monkeypatch.setenv(PORT_RANGE_ENV, bad)
+        with pytest.raises(ValueError, match=PORT_RANGE_ENV):
+            free_port()
 
 
 @pytest.fixture
