@@ -14,7 +14,7 @@ up: $(STAMP)
 	$(BIN)/ecstore cluster up --data .ecstore
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run
