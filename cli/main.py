@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
@@ -21,6 +21,9 @@ from store.client import Client, ObjectInfo, new_version_id
 from store.cluster import ClusterInfo
 from store.errors import BadRequest, EcstoreError, Unavailable
 from store.names import OPS_BUCKET, WORKER_OPS
+
+if TYPE_CHECKING:
+    from cli.localcluster import LocalCluster
 
 PROGRESS_MIN_BYTES = 8 * 1024 * 1024
 OPS_PUBLISH_INTERVAL_S = 2.0   # a worker's progress record is written this often
@@ -44,10 +47,9 @@ def cmd_cluster_up(a: argparse.Namespace) -> int:
     data = Path(a.data)
     if (data / "cluster.json").exists():
         cluster = LocalCluster.load(data)
-        if cluster.running():
-            raise BadRequest(f"a cluster is already running from {data} "
-                             f"(nodes {', '.join(cluster.running())}); "
-                             "`ecstore cluster down --data DIR` first")
+        running = cluster.running()
+        if running:
+            return start_down_nodes(cluster, running)
         err.print(f"restarting the cluster in {data}")
     else:
         try:
@@ -85,7 +87,28 @@ def cmd_cluster_up(a: argparse.Namespace) -> int:
     while not stop:
         time.sleep(0.2)
     err.print("stopping nodes")
+    try:   # as cluster.json lists them now: nodes added or restarted since are stopped too
+        cluster = LocalCluster.load(data)
+    except (OSError, ValueError, KeyError):
+        pass
     cluster.stop()
+    return 0
+
+
+def start_down_nodes(cluster: LocalCluster, running: list[str]) -> int:
+    """`cluster up` on a cluster that runs: start the nodes that are down (a crashed or
+    killed one), as `docker compose up` starts the services that are not running; the
+    running ones are left alone. Refused when every node is up."""
+    down = [i for i in cluster.nodes if i not in running]
+    if not down:
+        raise BadRequest(f"a cluster is already running from {cluster.dir} (every node is up: "
+                         f"{', '.join(running)}); `ecstore cluster down --data DIR` first")
+    err.print(f"{len(running)} nodes running; starting {', '.join(down)}")
+    try:
+        cluster.start()
+    except (RuntimeError, OSError) as exc:
+        raise EcstoreError(f"could not start {', '.join(down)}: {exc}") from None
+    err.print(f"started {', '.join(down)}; every node of {cluster.path} is up")
     return 0
 
 

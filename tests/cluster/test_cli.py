@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.localcluster import LocalCluster
+from cli.localcluster import LocalCluster, pid_alive
 from tests.cluster.uncached import skip_unless_uncached_writes, uncached_writes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,6 +108,25 @@ def test_up_refuses_a_second_cluster_in_the_same_directory(workdir: Path) -> Non
     assert proc.returncode != 0 and b"already running" in proc.stderr
 
 
+def test_up_starts_the_nodes_that_are_down_and_leaves_the_others(workdir: Path) -> None:
+    ecstore("mb", "cli-restart", cwd=workdir)
+    payload = os.urandom(3 * 1024 * 1024 + 1)
+    ecstore("put", "cli-restart/k", "-", stdin=payload, cwd=workdir)
+    before = LocalCluster.load(workdir / ".ecstore")
+    for node in ("s2", "gw1"):
+        before.kill_node(node)
+    assert sorted(set(before.nodes) - set(before.running())) == ["gw1", "s2"]
+    proc = ecstore("cluster", "up", "--detach", cwd=workdir)
+    assert b"starting s2, gw1" in proc.stderr, proc.stderr
+    after = LocalCluster.load(workdir / ".ecstore")
+    assert sorted(after.running()) == sorted(after.nodes)
+    for i, n in after.nodes.items():   # the others were left alone, not restarted
+        assert (n.pid == before.nodes[i].pid) == (i not in ("s2", "gw1")), i
+    status = json.loads(ecstore("status", "--json", cwd=workdir).stdout)
+    assert all(n["up"] for n in status["nodes"])
+    assert ecstore("get", "cli-restart/k", "-", cwd=workdir).stdout == payload
+
+
 def test_ls_max_keys_prints_no_more_than_asked(workdir: Path) -> None:
     ecstore("mb", "few", cwd=workdir)
     for i in range(5):
@@ -146,3 +166,35 @@ def test_status_exits_3_when_no_control_node_answers(workdir: Path) -> None:
     proc = ecstore("status", cwd=workdir, ok=False)
     assert proc.returncode == 3, proc.stderr
     assert b"control node" in proc.stderr and b"Traceback" not in proc.stderr
+
+
+def test_ctrl_c_of_a_foreground_cluster_stops_the_nodes_added_since(tmp_path: Path) -> None:
+    """`make up` runs `cluster up` in the foreground; a node added meanwhile (`cluster
+    add-node`) is the cluster's too: Ctrl-C stops it, and cluster.json keeps it for the
+    next `cluster up`."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    fg = subprocess.Popen([sys.executable, "-m", "cli.main", "cluster", "up", "--storage", "3",
+                           "--control", "1", "--k", "2", "--m", "1", "--no-gateway"],
+                          cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE)
+    try:
+        line = b""
+        for _ in range(200):   # bounded: up to 200 lines of its output
+            line = fg.stderr.readline() if fg.stderr else b""
+            if not line or b"running in the foreground" in line:
+                break
+        assert b"running in the foreground" in line, line
+        ecstore("cluster", "add-node", "--role", "storage", cwd=tmp_path)
+        nodes = LocalCluster.load(tmp_path / ".ecstore").nodes
+        assert "s4" in nodes and pid_alive(nodes["s4"].pid)
+        fg.send_signal(signal.SIGINT)
+        assert fg.wait(timeout=60) == 0
+    finally:
+        if fg.poll() is None:
+            fg.kill()
+            fg.wait(timeout=10)
+    after = LocalCluster.load(tmp_path / ".ecstore")
+    assert "s4" in after.nodes
+    assert [i for i, n in nodes.items() if pid_alive(n.pid)] == []
+    assert after.running() == []
+    ecstore("cluster", "down", cwd=tmp_path, ok=False)
