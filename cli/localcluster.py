@@ -101,7 +101,12 @@ def pid_alive(pid: int | None) -> bool:
         done, _ = os.waitpid(pid, os.WNOHANG)
         return done == 0
     except ChildProcessError:
-        return True
+        pass
+    try:  # so is another process's zombie (a node of a foreground `cluster up` that died)
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True                        # no /proc: kill(0) is all we know
+    return stat[stat.rfind(")") + 2:][:1] not in ("Z", "X")
 
 
 @dataclass

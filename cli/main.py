@@ -86,6 +86,7 @@ def cmd_cluster_up(a: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     while not stop:
         time.sleep(0.2)
+        report_exits(cluster)
     err.print("stopping nodes")
     try:   # as cluster.json lists them now: nodes added or restarted since are stopped too
         cluster = LocalCluster.load(data)
@@ -93,6 +94,22 @@ def cmd_cluster_up(a: argparse.Namespace) -> int:
         pass
     cluster.stop()
     return 0
+
+
+def report_exits(cluster: LocalCluster) -> None:
+    """Reap the foreground cluster's nodes that exited (no zombies) and say which."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        node = next((i for i, n in cluster.nodes.items() if n.pid == pid), f"pid {pid}")
+        how = (f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+               else f"exit status {os.waitstatus_to_exitcode(status)}")
+        err.print(f"node {node} exited ({how}); `ecstore cluster up` in another shell "
+                  "starts it again", highlight=False)
 
 
 def start_down_nodes(cluster: LocalCluster, running: list[str]) -> int:

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -168,25 +171,43 @@ def test_status_exits_3_when_no_control_node_answers(workdir: Path) -> None:
     assert b"control node" in proc.stderr and b"Traceback" not in proc.stderr
 
 
-def test_ctrl_c_of_a_foreground_cluster_stops_the_nodes_added_since(tmp_path: Path) -> None:
-    """`make up` runs `cluster up` in the foreground; a node added meanwhile (`cluster
-    add-node`) is the cluster's too: Ctrl-C stops it, and cluster.json keeps it for the
-    next `cluster up`."""
+def test_a_foreground_cluster_reports_a_dead_node_and_ctrl_c_stops_the_nodes_added_since(
+        tmp_path: Path) -> None:
+    """`make up` runs `cluster up` in the foreground: a node that dies is reported there
+    (and reaped) and `cluster up` from another shell starts it again; a node added
+    meanwhile (`cluster add-node`) is the cluster's too: Ctrl-C stops it, and cluster.json
+    keeps it for the next `cluster up`."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     fg = subprocess.Popen([sys.executable, "-m", "cli.main", "cluster", "up", "--storage", "3",
                            "--control", "1", "--k", "2", "--m", "1", "--no-gateway"],
                           cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE)
-    try:
-        line = b""
-        for _ in range(200):   # bounded: up to 200 lines of its output
-            line = fg.stderr.readline() if fg.stderr else b""
-            if not line or b"running in the foreground" in line:
+    lines: queue.Queue[bytes] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in iter(fg.stderr.readline, b"")]
+                     if fg.stderr else None, daemon=True).start()
+
+    def wait_line(text: bytes, timeout_s: float = 60.0) -> bytes:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
                 break
-        assert b"running in the foreground" in line, line
+            if text in line:
+                return line
+        raise AssertionError(f"the foreground cluster never printed {text!r}")
+
+    try:
+        wait_line(b"running in the foreground")
+        s2 = LocalCluster.load(tmp_path / ".ecstore").nodes["s2"].pid
+        assert s2 is not None
+        os.kill(s2, signal.SIGKILL)
+        assert b"killed by signal 9" in wait_line(b"node s2 exited")
+        assert b"starting s2" in ecstore("cluster", "up", cwd=tmp_path).stderr
         ecstore("cluster", "add-node", "--role", "storage", cwd=tmp_path)
         nodes = LocalCluster.load(tmp_path / ".ecstore").nodes
-        assert "s4" in nodes and pid_alive(nodes["s4"].pid)
+        assert "s4" in nodes and sorted(LocalCluster.load(tmp_path / ".ecstore").running()) \
+            == sorted(nodes)
         fg.send_signal(signal.SIGINT)
         assert fg.wait(timeout=60) == 0
     finally:

@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
 
-from cli.localcluster import PORT_RANGE_ENV, LocalCluster, _ephemeral_range, free_port
+from cli.localcluster import (
+    PORT_RANGE_ENV,
+    LocalCluster,
+    _ephemeral_range,
+    free_port,
+    pid_alive,
+)
 
 
 def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range() -> None:
@@ -32,6 +41,26 @@ def test_port_range_bounds_the_ports_and_a_bad_one_is_refused(
         monkeypatch.setenv(PORT_RANGE_ENV, bad)
         with pytest.raises(ValueError, match=PORT_RANGE_ENV):
             free_port()
+
+
+def test_another_process_zombie_is_not_alive(tmp_path: Path) -> None:
+    """A node that died under a foreground `cluster up` stays a zombie until that process
+    reaps it: to every other process it is down, not running."""
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, time; "
+                               "p = subprocess.Popen(['true']); print(p.pid, flush=True); "
+                               "time.sleep(60)"], stdout=subprocess.PIPE)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        for _ in range(100):   # until `true` has exited and is a zombie
+            if Path(f"/proc/{child}/stat").read_text().split(") ")[1][0] == "Z":
+                break
+            time.sleep(0.05)
+        assert not pid_alive(child)
+        assert pid_alive(parent.pid)
+    finally:
+        parent.kill()
+        parent.wait(timeout=10)
 
 
 @pytest.fixture
