@@ -84,9 +84,14 @@ def cmd_cluster_up(a: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    ticks = 0
     while not stop:
         time.sleep(0.2)
         report_exits(cluster)
+        ticks += 1
+        if ticks % 5 == 0 and not any_node_running(data):
+            err.print("every node has stopped (`ecstore cluster down`?); exiting")
+            return 0
     err.print("stopping nodes")
     try:   # as cluster.json lists them now: nodes added or restarted since are stopped too
         cluster = LocalCluster.load(data)
@@ -94,6 +99,16 @@ def cmd_cluster_up(a: argparse.Namespace) -> int:
         pass
     cluster.stop()
     return 0
+
+
+def any_node_running(data: Path) -> bool:
+    """Whether a node cluster.json lists runs (True when the file cannot be read)."""
+    from cli.localcluster import LocalCluster
+
+    try:
+        return bool(LocalCluster.load(data).running())
+    except (OSError, ValueError, KeyError):
+        return True
 
 
 def report_exits(cluster: LocalCluster) -> None:

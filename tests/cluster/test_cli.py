@@ -219,3 +219,25 @@ def test_a_foreground_cluster_reports_a_dead_node_and_ctrl_c_stops_the_nodes_add
     assert [i for i, n in nodes.items() if pid_alive(n.pid)] == []
     assert after.running() == []
     ecstore("cluster", "down", cwd=tmp_path, ok=False)
+
+
+def test_a_foreground_cluster_exits_when_cluster_down_stops_its_nodes(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    fg = subprocess.Popen([sys.executable, "-m", "cli.main", "cluster", "up", "--storage", "3",
+                           "--control", "1", "--k", "2", "--m", "1", "--no-gateway"],
+                          cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE)
+    try:
+        for _ in range(200):   # bounded: up to 200 lines of its output
+            line = fg.stderr.readline() if fg.stderr else b""
+            if not line or b"running in the foreground" in line:
+                break
+        assert b"running in the foreground" in line, line
+        assert b"stopped 4 nodes" in ecstore("cluster", "down", cwd=tmp_path).stderr
+        assert fg.wait(timeout=30) == 0
+        assert fg.stderr is not None and b"every node has stopped" in fg.stderr.read()
+    finally:
+        if fg.poll() is None:
+            fg.kill()
+            fg.wait(timeout=10)
+            ecstore("cluster", "down", cwd=tmp_path, ok=False)
