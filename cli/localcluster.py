@@ -90,6 +90,18 @@ def free_port() -> int:
     raise RuntimeError("no free port for a node on 127.0.0.1")
 
 
+def last_line(path: Path, limit: int = 300) -> str:
+    """The last non-empty line of a node's log (at most `limit` characters), "" if none."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    last = next((line.strip() for line in reversed(lines) if line.strip()), "")
+    return last[:limit]
+
+
 def pid_alive(pid: int | None) -> bool:
     if not pid:
         return False
@@ -245,8 +257,10 @@ class LocalCluster:
             for i in pending:
                 proc = self.procs.get(i)
                 if proc is not None and proc.poll() is not None:
-                    raise RuntimeError(f"node {i} exited with {proc.returncode}; see "
-                                       f"{self.dir / 'logs' / (i + '.log')}")
+                    log = self.dir / "logs" / f"{i}.log"
+                    last = last_line(log)
+                    raise RuntimeError(f"node {i} exited with {proc.returncode}"
+                                       + (f" ({last})" if last else "") + f"; see {log}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"nodes not healthy after {timeout_s}s: {pending}")
             time.sleep(0.1)

@@ -382,9 +382,14 @@ async def _serve(app: web.Application, host: str, port: int, reuse_port: bool,
         cap = ConnectionCap(factory if front is None else front.wrap(factory), max_connections)
         if obs is not None:
             obs.cap = cap
-        listener = await loop.create_server(
-            cap, host, port,
-            backlog=LISTEN_BACKLOG, reuse_port=reuse_port or None)
+        try:
+            listener = await loop.create_server(
+                cap, host, port,
+                backlog=LISTEN_BACKLOG, reuse_port=reuse_port or None)
+        except OSError as exc:   # the port taken, an address not ours: one line, no traceback
+            reason = (exc.strerror or str(exc)).split(": ")[-1]
+            raise SystemExit(f"{obs.node_id if obs else 'node'}: cannot listen on "
+                             f"{host}:{port}: {reason}") from None
         await stop.wait()
     finally:
         if trimmer is not None:
