@@ -24,6 +24,7 @@ from typing import Any
 from placement.cluster_map import ClusterMap
 from placement.nodes import Node
 from store.auth import sign_headers
+from store.errors import BadRequest
 from store.keys import new_key_pair
 
 HEALTH_TIMEOUT_S = 30.0
@@ -197,14 +198,27 @@ class LocalCluster:
 
     @staticmethod
     def load(data_dir: Path) -> "LocalCluster":
-        data = json.loads((data_dir / "cluster.json").read_text())
-        nodes = [NodeSpec(n["id"], n["role"], n["port"], n["data"], n.get("zone", ""),
-                          n.get("tier", "hot"), n.get("pid")) for n in data["nodes"]]
-        gw = data.get("gateway") or {}
-        keys = {k: gw[k] for k in ("access_key", "secret_key") if k in gw}
-        return LocalCluster(data_dir, data["secret"], nodes, data["k"], data["m"],
-                            data.get("fsync", True), keys, data.get("cold_k", 8),
-                            data.get("cold_m", 3))
+        """The local cluster `cluster.json` in data_dir describes; BadRequest (a one-line
+        reason) when it is not valid JSON or lacks what `cluster up` writes."""
+        path = data_dir / "cluster.json"
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise BadRequest(f"no cluster.json in {data_dir}: pass the --data DIR of "
+                             "`ecstore cluster up`") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BadRequest(f"cluster file {path} is not valid JSON: {exc}") from None
+        try:
+            nodes = [NodeSpec(n["id"], n["role"], n["port"], n["data"], n.get("zone", ""),
+                              n.get("tier", "hot"), n.get("pid")) for n in data["nodes"]]
+            gw = data.get("gateway") or {}
+            keys = {k: gw[k] for k in ("access_key", "secret_key") if k in gw}
+            return LocalCluster(data_dir, data["secret"], nodes, data["k"], data["m"],
+                                data.get("fsync", True), keys, data.get("cold_k", 8),
+                                data.get("cold_m", 3))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise BadRequest(f"cluster file {path} is not one `ecstore cluster up` wrote "
+                             f"(missing or malformed: {exc})") from None
 
     def running(self) -> list[str]:
         return [n.id for n in self.nodes.values() if pid_alive(n.pid)]

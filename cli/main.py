@@ -95,7 +95,7 @@ def cmd_cluster_up(a: argparse.Namespace) -> int:
     err.print("stopping nodes")
     try:   # as cluster.json lists them now: nodes added or restarted since are stopped too
         cluster = LocalCluster.load(data)
-    except (OSError, ValueError, KeyError):
+    except (OSError, EcstoreError):
         pass
     cluster.stop()
     return 0
@@ -107,7 +107,7 @@ def any_node_running(data: Path) -> bool:
 
     try:
         return bool(LocalCluster.load(data).running())
-    except (OSError, ValueError, KeyError):
+    except (OSError, EcstoreError):
         return True
 
 

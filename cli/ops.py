@@ -245,10 +245,7 @@ DRAIN_PASSES = 5
 
 def _load_local(data: Path) -> Any:
     from cli.localcluster import LocalCluster
-    if not (data / "cluster.json").exists():
-        raise BadRequest(f"no cluster.json in {data}: pass the --data DIR of `ecstore "
-                         "cluster up`")
-    return LocalCluster.load(data)
+    return LocalCluster.load(data)   # BadRequest when there is none or it is broken
 
 
 def cmd_add_node(a: argparse.Namespace) -> int:

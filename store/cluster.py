@@ -59,7 +59,7 @@ class ClusterInfo:
         except FileNotFoundError:
             raise BadRequest(f"no cluster file at {p}: start one with `ecstore cluster up`, "
                              "or pass --cluster PATH / set ECSTORE_CLUSTER") from None
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise BadRequest(f"cluster file {p} is not valid JSON: {exc}") from None
         try:
             return ClusterInfo(tuple(data["control"]), data["secret"],

@@ -241,3 +241,17 @@ def test_a_foreground_cluster_exits_when_cluster_down_stops_its_nodes(tmp_path: 
             fg.kill()
             fg.wait(timeout=10)
             ecstore("cluster", "down", cwd=tmp_path, ok=False)
+
+
+@pytest.mark.parametrize("content", [b"{bad", b"\xff\xfe", b'{"secret": "x", "nodes": [{"id": 1}]}',
+                                     b"[]"], ids=["not-json", "not-utf8", "a-node-half", "a-list"])
+def test_a_broken_cluster_file_is_a_message_for_every_local_cluster_command(
+        tmp_path: Path, content: bytes) -> None:
+    (tmp_path / ".ecstore").mkdir()
+    (tmp_path / ".ecstore" / "cluster.json").write_bytes(content)
+    for args in (["cluster", "up", "--detach"], ["cluster", "down"], ["cluster", "add-node"],
+                 ["cluster", "remove-node", "s1"], ["status"]):
+        proc = ecstore(*args, cwd=tmp_path, ok=False)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert b"Traceback" not in proc.stderr and b"cluster.json" in proc.stderr, \
+            (args, proc.stderr)
