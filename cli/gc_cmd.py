@@ -5,6 +5,7 @@ import argparse
 import json
 from typing import Any
 
+from cli.argtypes import non_negative
 from cli.main import drive, err, report_table, with_client
 from store.client import Client
 from store.errors import BadRequest
@@ -56,7 +57,7 @@ def _table(rep: dict[str, Any]) -> None:
 def register(sub: Any) -> None:
     """Add the `gc` subcommand to the ecstore parser's subparsers."""
     gc = sub.add_parser("gc", help="delete fragments no live object needs, purge old tombstones")
-    gc.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, metavar="S",
+    gc.add_argument("--grace", type=non_negative, default=DEFAULT_GRACE_S, metavar="S",
                     help="only versions and tombstones older than S seconds are collected "
                          f"(default {DEFAULT_GRACE_S:g}; must exceed the longest put)")
     gc.add_argument("--dry-run", action="store_true", help="report what is garbage, delete nothing")

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 
+from cli.argtypes import non_negative
 from store.client import Client, ObjectInfo, new_version_id
 from store.cluster import ClusterInfo
 from store.errors import BadRequest, EcstoreError, Unavailable
@@ -592,7 +593,7 @@ def parser() -> argparse.ArgumentParser:
     ops.register(sub, with_client)
     rp = sub.add_parser("repair", help="rebuild missing or corrupt fragments from any k others")
     rp.add_argument("--dry-run", action="store_true", help="report what is missing, write nothing")
-    rp.add_argument("--rate", type=float, default=0.0, metavar="MB/s",
+    rp.add_argument("--rate", type=non_negative, default=0.0, metavar="MB/s",
                     help="limit rebuilt bytes written per second (default: no limit)")
     rp.add_argument("--restart", action="store_true", help="ignore a saved position, start over")
     rp.add_argument("--json", action="store_true")

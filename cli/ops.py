@@ -11,6 +11,7 @@ from typing import Any
 
 from rich.table import Table
 
+from cli.argtypes import non_negative, positive
 from placement.cluster_map import ClusterMap
 from placement.nodes import Node
 from store.client import MAP_TTL_S, Client
@@ -342,7 +343,7 @@ def register_cluster(csub: Any) -> None:
     add.add_argument("--role", choices=["storage", "control"], default="storage")
     add.add_argument("--zone", default="")
     add.add_argument("--tier", default="hot")
-    add.add_argument("--weight", type=float, default=1.0)
+    add.add_argument("--weight", type=positive, default=1.0)
     add.add_argument("--json", action="store_true",
                      help="print the node added as JSON (id, url, role, zone, tier, weight)")
     add.set_defaults(func=cmd_add_node)
@@ -369,7 +370,7 @@ def register(sub: Any, with_client: Any) -> None:
     add.add_argument("id")
     add.add_argument("--url", required=True, help="the node's base URL")
     add.add_argument("--zone", default="")
-    add.add_argument("--weight", type=float, default=1.0)
+    add.add_argument("--weight", type=positive, default=1.0)
     add.add_argument("--tier", default="hot")
     add.add_argument("--role", choices=["storage", "control"], default="storage")
     add.add_argument("--force", action="store_true", help=FORCE_HELP)
@@ -380,7 +381,7 @@ def register(sub: Any, with_client: Any) -> None:
     rm.set_defaults(func=with_client(ring_command("remove")))
     rw = rs.add_parser("reweight", help="change a node's weight")
     rw.add_argument("id")
-    rw.add_argument("weight", type=float)
+    rw.add_argument("weight", type=positive)
     rw.add_argument("--force", action="store_true", help=FORCE_HELP)
     rw.set_defaults(func=with_client(ring_command("reweight")))
     sz = rs.add_parser("set-zone", help="move a node to another zone")
@@ -391,7 +392,7 @@ def register(sub: Any, with_client: Any) -> None:
 
     rb = sub.add_parser("rebalance", help="move fragments to where the current map puts them")
     rb.add_argument("--dry-run", action="store_true", help="report what would move")
-    rb.add_argument("--rate", type=float, default=0.0, metavar="MB/s",
+    rb.add_argument("--rate", type=non_negative, default=0.0, metavar="MB/s",
                     help="limit moved bytes per second (default: no limit)")
     rb.add_argument("--json", action="store_true")
     rb.set_defaults(func=with_client(cmd_rebalance))

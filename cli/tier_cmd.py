@@ -9,6 +9,7 @@ from typing import Any
 
 from rich.table import Table
 
+from cli.argtypes import non_negative, positive
 from cli.main import drive, out, report_table, with_client
 from store.client import Client
 from store.errors import BadRequest
@@ -86,13 +87,13 @@ def register(sub: Any) -> None:
     tsub = tp.add_subparsers(dest="tier_command", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--cold-after", type=float, default=DEFAULT_COLD_AFTER_S, metavar="S",
+        p.add_argument("--cold-after", type=non_negative, default=DEFAULT_COLD_AFTER_S, metavar="S",
                        help="move hot objects not read for this many seconds to the cold "
                        f"policy (default {DEFAULT_COLD_AFTER_S:g}: a week)")
         p.add_argument("--promote-reads", type=int, default=DEFAULT_PROMOTE_READS, metavar="N",
                        help="move cold objects read N times within the window back to hot "
                        f"(default {DEFAULT_PROMOTE_READS})")
-        p.add_argument("--window", type=float, default=DEFAULT_WINDOW_S, metavar="S",
+        p.add_argument("--window", type=positive, default=DEFAULT_WINDOW_S, metavar="S",
                        help=f"the promotion window, seconds (default {DEFAULT_WINDOW_S:g})")
         p.add_argument("--json", action="store_true")
 
@@ -102,9 +103,9 @@ def register(sub: Any) -> None:
     run = tsub.add_parser("run", help="move what is due (re-encode into the other policy)")
     common(run)
     run.add_argument("--once", action="store_true", help="one pass, then exit")
-    run.add_argument("--interval", type=float, default=600.0, metavar="S",
+    run.add_argument("--interval", type=positive, default=600.0, metavar="S",
                      help="rest between passes without --once (default 600)")
     run.add_argument("--dry-run", action="store_true", help="report what would move")
-    run.add_argument("--rate", type=float, default=0.0, metavar="MB/s",
+    run.add_argument("--rate", type=non_negative, default=0.0, metavar="MB/s",
                      help="limit bytes moved per second (default: no limit)")
     run.set_defaults(func=with_client(cmd_tier_run))

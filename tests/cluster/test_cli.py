@@ -148,6 +148,26 @@ def test_more_request_mistakes_exit_2_without_a_traceback(workdir: Path, tmp_pat
         assert proc.returncode == 2 and b"Traceback" not in proc.stderr, (args, proc.stderr)
 
 
+def test_numbers_a_command_cannot_use_are_refused_before_it_runs(workdir: Path) -> None:
+    nodes = (workdir / ".ecstore" / "cluster.json").read_bytes()
+    for args in (["gc", "--grace", "nan"], ["gc", "--grace", "inf"], ["gc", "--grace", "-1"],
+                 ["repair", "--rate", "-1"], ["rebalance", "--rate", "nan"],
+                 ["tier", "run", "--once", "--interval", "-1"],
+                 ["tier", "run", "--once", "--rate", "inf"],
+                 ["tier", "status", "--cold-after", "nan"], ["ring", "reweight", "s1", "nan"],
+                 ["ring", "reweight", "s1", "0"],
+                 ["cluster", "add-node", "--weight", "0"], ["cluster", "add-node", "--weight", "x"],
+                 ["cluster", "bootstrap", "--control", "c1=http://127.0.0.1:1",
+                  "--storage", "s1=http://127.0.0.1:2", "--wait-s", "-1"]):
+        proc = ecstore(*args, cwd=workdir, ok=False)
+        assert proc.returncode == 2 and b"Traceback" not in proc.stderr, (args, proc.stderr)
+        assert b"expected a" in proc.stderr and b"number" in proc.stderr, (args, proc.stderr)
+    # refused before a node was started or the map changed
+    assert (workdir / ".ecstore" / "cluster.json").read_bytes() == nodes
+    ring = json.loads(ecstore("ring", "show", "--json", cwd=workdir).stdout)
+    assert {n["id"]: n["weight"] for n in ring["nodes"]}["s1"] == 1.0
+
+
 # the last tests stop nodes of the module's cluster
 def test_a_failed_get_leaves_no_partial_file(workdir: Path) -> None:
     from cli.localcluster import LocalCluster
