@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cli.argtypes import positive
 from placement.cluster_map import ClusterMap
 from placement.nodes import NAME_RE, Node
 from store.errors import BadRequest, Conflict, EcstoreError, Unauthorized, Unavailable
@@ -245,7 +244,7 @@ def register_cluster(csub: Any) -> None:
     b.add_argument("--cold-k", type=int, default=8,
                    help="cold policy data fragments, when :cold nodes are given (default 8)")
     b.add_argument("--cold-m", type=int, default=3, help="cold policy parity fragments (default 3)")
-    b.add_argument("--wait-s", type=positive, default=DEFAULT_WAIT_S,
+    b.add_argument("--wait-s", type=float, default=DEFAULT_WAIT_S,
                    help=f"how long to wait for the nodes, seconds (default {DEFAULT_WAIT_S:g})")
     b.add_argument("--secret-file", help="file holding the cluster secret "
                    "(default: $ECSTORE_SECRET)")
