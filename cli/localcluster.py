@@ -24,6 +24,7 @@ from typing import Any
 from placement.cluster_map import ClusterMap
 from placement.nodes import Node
 from store.auth import sign_headers
+from store.cluster import read_cluster_file
 from store.errors import BadRequest
 from store.keys import new_key_pair
 
@@ -201,13 +202,8 @@ class LocalCluster:
         """The local cluster `cluster.json` in data_dir describes; BadRequest (a one-line
         reason) when it is not valid JSON or lacks what `cluster up` writes."""
         path = data_dir / "cluster.json"
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise BadRequest(f"no cluster.json in {data_dir}: pass the --data DIR of "
-                             "`ecstore cluster up`") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise BadRequest(f"cluster file {path} is not valid JSON: {exc}") from None
+        data = read_cluster_file(path, f"no cluster.json in {data_dir}: pass the --data DIR "
+                                       "of `ecstore cluster up`")
         try:
             nodes = [NodeSpec(n["id"], n["role"], n["port"], n["data"], n.get("zone", ""),
                               n.get("tier", "hot"), n.get("pid")) for n in data["nodes"]]

@@ -35,6 +35,17 @@ def state_path(explicit: str | os.PathLike[str] | None, name: str) -> Path:
     return cluster_path(explicit).parent / name
 
 
+def read_cluster_file(p: Path, missing: str) -> Any:
+    """The JSON of a cluster file: BadRequest(`missing`) when there is none, one naming
+    the file when it is not JSON (or not UTF-8)."""
+    try:
+        return json.loads(p.read_text())
+    except FileNotFoundError:
+        raise BadRequest(missing) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"cluster file {p} is not valid JSON: {exc}") from None
+
+
 @dataclass(frozen=True)
 class ClusterInfo:
     """What a client needs to reach a cluster."""
@@ -54,13 +65,8 @@ class ClusterInfo:
         if env_control and no_cluster_file(path):
             urls = tuple(u.strip() for u in env_control.split(",") if u.strip())
             return ClusterInfo(urls, os.environ.get("ECSTORE_SECRET", ""))
-        try:
-            data = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise BadRequest(f"no cluster file at {p}: start one with `ecstore cluster up`, "
-                             "or pass --cluster PATH / set ECSTORE_CLUSTER") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise BadRequest(f"cluster file {p} is not valid JSON: {exc}") from None
+        data = read_cluster_file(p, f"no cluster file at {p}: start one with `ecstore "
+                                    "cluster up`, or pass --cluster PATH / set ECSTORE_CLUSTER")
         try:
             return ClusterInfo(tuple(data["control"]), data["secret"],
                                tuple(data.get("nodes", ())), data)
