@@ -8,13 +8,10 @@ from typing import Any
 from cli.argtypes import non_negative
 from cli.main import drive, err, report_table, with_client
 from store.client import Client
-from store.errors import BadRequest
 from store.gc import DEFAULT_GRACE_S, prepare_gc
 
 
 async def cmd_gc(c: Client, a: argparse.Namespace) -> int:
-    if a.grace < 0:
-        raise BadRequest("--grace must be >= 0")
     err.print("reading fragment listings, then metadata ...")
     worker = await prepare_gc(c, a.grace, a.dry_run)
     r = worker.report

@@ -148,10 +148,7 @@ def start_down_nodes(cluster: LocalCluster, running: list[str]) -> int:
 def cmd_cluster_down(a: argparse.Namespace) -> int:
     from cli.localcluster import LocalCluster
 
-    data = Path(a.data)
-    if not (data / "cluster.json").exists():
-        raise BadRequest(f"no cluster.json in {data}")
-    cluster = LocalCluster.load(data)
+    cluster = LocalCluster.load(Path(a.data))   # BadRequest when there is none
     running = cluster.running()
     cluster.stop()
     err.print(f"stopped {len(running)} nodes")

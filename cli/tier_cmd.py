@@ -24,8 +24,8 @@ from store.tiering import (
 
 
 def rules(a: argparse.Namespace) -> TierRules:
-    if a.cold_after < 0 or a.window <= 0 or a.promote_reads < 1:
-        raise BadRequest("--cold-after must be >= 0, --window > 0, --promote-reads >= 1")
+    if a.promote_reads < 1:   # --cold-after and --window are checked by argparse
+        raise BadRequest("--promote-reads must be >= 1")
     return TierRules(a.cold_after, a.promote_reads, a.window)
 
 
