@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cli.localcluster import LocalCluster
-from node.fragments import stored_fragments
+from node.volumes import stored_fragments
 from placement.nodes import Node
 from placement.ring import Ring
 from store.client import Client

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.pagecache import evict, meminfo_kib
-from node.fragments import FragmentStore, parse_fragment
+from node.fragments import FragmentStore
+from node.volumes import parse_fragment
 from store.digest import digest
 
 MiB = 1024 * 1024

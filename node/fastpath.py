@@ -51,7 +51,6 @@ from aiohttp import web
 from aiohttp.http import SERVER_SOFTWARE
 
 from node import zerocopy
-from node.fragments import FRAGMENT_ID_RE, Fragment, pread_padded
 from node.metrics import Observer
 from node.server import (
     KEEPALIVE_TIMEOUT_S,
@@ -64,6 +63,7 @@ from node.server import (
     ProtocolFactory,
     malformed_signature_fields,
 )
+from node.volumes import FRAGMENT_ID_RE, Fragment, pread_padded
 from store.alloc import unfilled
 from store.auth import CHECKSUM_HEADER, verify
 from store.errors import EcstoreError

@@ -1,38 +1,20 @@
-"""Fragments on one storage node's disk, in append-only volume files.
+"""A storage node's fragments: the index over its volume files, and every change to them.
 
-Layout under the node's data directory:
-
-    volumes/00000001.vol ...  append-only; new records go to the highest-numbered one
-    quarantine/{fid}          fragments that failed their checksum, kept for inspection
-    fragments/, tmp/          the file-per-fragment layout of earlier versions: migrated
-                              into volumes when the store opens, then removed
-
-A volume file starts with a 24-byte header: b"ECVOL001", a random 8-byte salt, and the
-store's sequence number when the volume was made. Then records, back to back:
-
-    b"ECV1" | u32 header length | u32 CRC-32 of (salt + header) | msgpack header | body
-
-A fragment's header is {"fid", "seq", "checksum", "size", "meta"}: `checksum` the body's
-digest (store.digest: "b3:" + BLAKE3 hex, or the plain SHA-256 hex of earlier writers,
-still checked), `size` the body's length. A deletion is a record with no body, a
-tombstone: {"fid", "seq", "deleted": True}. `seq` numbers every record a store writes;
-for each fragment id the record with the highest seq is the truth (a put after a delete
-wins, a delete after a put wins), whichever volume it sits in.
+The files' format - volumes, records, seq numbers, how a torn record is found and
+skipped - is node/volumes.py. A FragmentStore opens every volume, rebuilds the in-memory
+index (fragment id -> volume, offset, length, seq) from the records' headers (the bodies
+are skipped), cuts off a record a crash left unfinished at the end of the newest volume,
+and moves fragment files of the earlier file-per-fragment layout into volumes. The
+fragments lost with a damaged header are missing, and repair rebuilds them.
 
 Why volumes: a file per fragment cost a file create, a rename and a directory fsync per
 put; on this project's benchmark machine that was ~40% of a storage node's CPU per put
 (README, Benchmark). An append plus one fdatasync (shared by concurrent puts: group
 commit) is most of what is left.
 
-A put is acknowledged after its record is written and fdatasynced (with fsync on). The
-in-memory index (fragment id -> volume, offset, length, seq) is rebuilt when the store
-opens by reading every record's header (the bodies are skipped); a record cut short by a
-crash at the end of the newest volume is cut off. A header that fails its CRC (a torn
-write in the middle, bit rot) is skipped by searching for the next record whose header
-checks out against the volume's salt - which a fragment body cannot forge, as the salt
-never leaves the node. The fragments lost with a damaged header are missing, and repair
-rebuilds them. Deletions are not fsynced (a deleted fragment that comes back after a
-crash is garbage that gc removes, as an unlinked file whose directory was not synced was).
+A put is acknowledged after its record is written and fdatasynced (with fsync on).
+Deletions are not fsynced (a deleted fragment that comes back after a crash is garbage
+that gc removes, as an unlinked file whose directory was not synced was).
 
 Space: an overwritten or deleted fragment's record stays in its volume until the volume
 is compacted - once less than half of a volume that is no longer being written to is
@@ -53,33 +35,46 @@ import builtins
 import contextlib
 import errno
 import logging
-import mmap
 import os
-import re
-import struct
 import sys
 import threading
 import time
-import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from node import zerocopy
+from node.volumes import (
+    FRAGMENT_ID_RE,
+    MAX_HEADER_BYTES,
+    RECORD_MAGIC,
+    RECORD_PREFIX,
+    VOLUME_HEADER,
+    VOLUME_MAGIC,
+    Fragment,
+    Loc,
+    Volume,
+    check_fragment_id,
+    fsync_dir,
+    loc_length,
+    loc_off,
+    loc_seq,
+    loc_vid,
+    make_loc,
+    open_volume,
+    parse_fragment,
+    parse_record_head,
+    pread_padded,
+    scan_records,
+)
 from store.alloc import unfilled
 from store.digest import matches as digest_matches
 from store.errors import BadRequest, Corrupt, InsufficientStorage, NotFound
-from store.wire import pack, unpack
+from store.wire import pack
 
 log = logging.getLogger("ecstore.fragments")
 
-MAGIC = b"ECF1"                 # a quarantined fragment, and the old file-per-fragment layout
-RECORD_MAGIC = b"ECV1"
-VOLUME_MAGIC = b"ECVOL001"
-VOLUME_HEADER = struct.Struct(">8s8sQ")     # magic, salt, seq when the volume was made
-RECORD_PREFIX = struct.Struct(">4sII")      # magic, header length, CRC-32 of salt + header
-MAX_HEADER_BYTES = 64 * 1024
 CACHED_HEAD_BYTES = 1024         # read first for a cached body: most headers are ~200 bytes
 QUARANTINE_SEPARATOR = "~"  # never in a fragment id: `{fid}~{ns}` for a second copy
 DEFAULT_RESERVE_FRACTION = 0.01            # refuse fragments that would leave less free
@@ -95,22 +90,6 @@ _RWF_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None) if hasattr(os, "preadv
 # as it completes, the pages a read brings in are dropped once copied - instead of staying
 # there and pushing out what readers use. Pages cached before stay cached.
 RWF_DONTCACHE: int | None = getattr(os, "RWF_DONTCACHE", 0x80) if sys.platform == "linux" else None
-FRAGMENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
-
-
-def check_fragment_id(fid: str) -> str:
-    """Return fid if it is a safe file name; BadRequest otherwise."""
-    if not FRAGMENT_ID_RE.match(fid) or ".." in fid:
-        raise BadRequest(f"invalid fragment id {fid[:80]!r}")
-    return fid
-
-
-@dataclass(frozen=True)
-class Fragment:
-    fid: str
-    checksum: str
-    meta: dict[str, Any]
-    body: bytes | memoryview
 
 
 class CachedBody(NamedTuple):
@@ -132,107 +111,6 @@ class Written(NamedTuple):
     seq: int
     drop: bool = False   # asked uncached, written plain: dropped from the cache once synced
 
-
-class Volume:
-    """One volume file, open for reading and appending. The descriptor closes when the
-    last reference goes (CPython frees it at once), so a reader holding a Loc may read
-    while a compaction retires the volume."""
-
-    __slots__ = ("vid", "path", "fd", "salt", "min_seq", "end", "live_bytes", "writers",
-                 "dropped", "_salt_crc", "_sync_cv", "_ticket", "_synced", "_syncing")
-
-    def __init__(self, vid: int, path: str, fd: int, salt: bytes, min_seq: int,
-                 end: int) -> None:
-        self.vid, self.path, self.fd, self.salt = vid, path, fd, salt
-        self._salt_crc = zlib.crc32(salt)
-        self.min_seq = min_seq      # lowest seq of any record in it (tombstones' rule)
-        self.end = end              # where the next record goes (reserved, maybe unwritten)
-        self.live_bytes = 0         # bytes of records the index points at
-        self.writers = 0            # puts and deletes with a place reserved, not done yet
-        self.dropped = (0, 0)       # the last run of records drop_written dropped, end to end
-        self._sync_cv = threading.Condition()
-        self._ticket = self._synced = 0
-        self._syncing = False
-
-    def __del__(self) -> None:
-        with contextlib.suppress(OSError, AttributeError):
-            os.close(self.fd)
-
-    @contextlib.contextmanager
-    def without_readahead(self) -> Iterator[int]:
-        """A descriptor of the file for one read that the kernel does not read ahead of
-        (POSIX_FADV_RANDOM holds for one open file, not for the fd every other read
-        uses), closed after: an uncached read of a record reads that record, not the
-        records after it into the page cache. Opened through /proc/self/fd (a file
-        compaction unlinked still opens); the usual fd where that cannot be done (no
-        descriptor left, not Linux), readahead and all."""
-        try:
-            fd = os.open(f"/proc/self/fd/{self.fd}", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            fd = -1
-        try:
-            if fd >= 0:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-            yield fd if fd >= 0 else self.fd
-        finally:
-            if fd >= 0:
-                os.close(fd)
-
-    def header_crc(self, header: bytes | memoryview) -> int:
-        return zlib.crc32(header, self._salt_crc)
-
-    def sync(self) -> None:
-        """fdatasync covering every write that finished before this call: concurrent
-        callers share one (a group commit) instead of queueing one each."""
-        with self._sync_cv:
-            self._ticket += 1
-            mine = self._ticket
-            while self._syncing:
-                self._sync_cv.wait()
-            if self._synced >= mine:
-                return
-            self._syncing = True
-            upto = self._ticket
-        synced = False
-        try:
-            os.fdatasync(self.fd)
-            synced = True
-        finally:
-            with self._sync_cv:
-                self._syncing = False
-                if synced:
-                    self._synced = max(self._synced, upto)
-                self._sync_cv.notify_all()
-
-
-# Where one record is: its volume's number, offset, length (prefix + header + body) and
-# seq, packed into one int (length in bits 0-31, offset 32-79, volume 80-111, seq above):
-# 44 bytes where a tuple of four ints took 128, and an int is never tracked by Python's
-# cyclic garbage collector, so a full collection does not walk the index (~130 ms per
-# million fragments when entries held their Volume object, stalling the node).
-Loc = int
-_M32, _M48 = (1 << 32) - 1, (1 << 48) - 1
-
-
-def make_loc(vid: int, off: int, length: int, seq: int) -> Loc:
-    assert 0 <= vid <= _M32 and 0 <= off <= _M48 and 0 <= length <= _M32, (vid, off, length)
-    return seq << 112 | vid << 80 | off << 32 | length
-
-
-def loc_vid(loc: Loc) -> int:
-    return (loc >> 80) & _M32
-
-
-def loc_off(loc: Loc) -> int:
-    return (loc >> 32) & _M48
-
-
-def loc_length(loc: Loc) -> int:
-    return loc & _M32
-
-
-def loc_seq(loc: Loc) -> int:
-    return loc >> 112
 
 
 @dataclass
@@ -278,7 +156,7 @@ class FragmentStore:
         self.uncached_flag = RWF_DONTCACHE or 0
         self.uncached_writes = self.uncached_reads = 0
         t0 = time.monotonic()
-        self._open_volumes()
+        self.open_volumes()
         migrated = self._migrate_files()
         self.quarantined = sum(1 for _ in self.quarantine.iterdir())
         log.info("opened %d fragments (%d bytes) in %d volumes in %.2f s%s",
@@ -286,7 +164,7 @@ class FragmentStore:
                  f"; moved {migrated} fragment files into volumes" if migrated else "")
 
     # ---- opening --------------------------------------------------------------------
-    def _open_volumes(self) -> None:
+    def open_volumes(self) -> None:
         found: list[tuple[int, str]] = []
         for name in os.listdir(self.vdir):
             stem, dot, ext = name.partition(".")
@@ -310,14 +188,14 @@ class FragmentStore:
             self._new_volume()
 
     def _scan_volume(self, vid: int, path: str, last: bool) -> Volume | None:
-        vol = _open_volume(vid, path, os.O_RDWR)
+        vol = open_volume(vid, path, os.O_RDWR)
         if vol is None:
             log.error("volume %s has no valid header: left alone (its fragments are missing "
                       "here until repair rebuilds them), not read", path)
             return None
         size = vol.end
         self._seq = max(self._seq, vol.min_seq)     # the seq it was made at, so far
-        records, good_end, skipped = _scan_records(vol, size)
+        records, good_end, skipped = scan_records(vol, size)
         for pos, fid, seq, deleted, length in records:
             self._apply(fid, make_loc(vid, pos, length, seq), deleted)
             vol.min_seq = min(vol.min_seq, seq)
@@ -363,7 +241,7 @@ class FragmentStore:
                 os.fsync(fd)
             os.rename(tmp, final)
             if self.fsync:
-                _fsync_dir(self.vdir)
+                fsync_dir(self.vdir)
         except OSError as exc:
             os.close(fd)
             with contextlib.suppress(OSError):
@@ -873,7 +751,7 @@ class FragmentStore:
         live record the scan cannot see (its header damaged since it was written) is
         found by walking the index before the volume may go, and quarantined: a copy
         would give its damaged header a fresh checksum."""
-        records, _, _ = _scan_records(vol, vol.end, heads_only=True)
+        records, _, _ = scan_records(vol, vol.end, heads_only=True)
         live: builtins.list[tuple[str, Loc]] = []
         tombs: builtins.list[tuple[str, Loc]] = []
         for i in range(0, len(records), 4096):    # the lock held a few ms at a time
@@ -904,7 +782,7 @@ class FragmentStore:
     def _in_volume(self, vol: Volume, records: builtins.list[tuple[int, str, int, bool, int]],
                    live: builtins.list[tuple[str, Loc]],
                    tombs: builtins.list[tuple[str, Loc]]) -> None:
-        """Add the records of vol (from _scan_records) that the index points at to live,
+        """Add the records of vol (from scan_records) that the index points at to live,
         those the tombstones point at to tombs; under self._lock. (Once not pointed at, a
         record of a sealed volume never is again: it may be looked at in pieces.)"""
         for off, fid, _, deleted, _ in records:
@@ -972,174 +850,3 @@ class FragmentStore:
                 if self._tombs.get(fid) == loc:     # dropped: nothing older left to hide
                     del self._tombs[fid]
         return moved
-
-
-def _open_volume(vid: int, path: str, flags: int) -> Volume | None:
-    """A volume file opened with `flags`, its end at the file's size; None (and closed)
-    when it has no valid volume header."""
-    fd = os.open(path, flags | os.O_CLOEXEC)
-    head = os.pread(fd, VOLUME_HEADER.size, 0)
-    if len(head) < VOLUME_HEADER.size or head[:8] != VOLUME_MAGIC:
-        os.close(fd)
-        return None
-    _, salt, made_seq = VOLUME_HEADER.unpack(head)
-    return Volume(vid, path, fd, salt, made_seq, os.fstat(fd).st_size)
-
-
-def _scan_records(vol: Volume, size: int, heads_only: bool = False
-                  ) -> tuple[list[tuple[int, str, int, bool, int]], int, int]:
-    """Every whole, checked record of a volume file of `size` bytes, as (offset, fid,
-    seq, deleted, length); the end of the last one; bytes skipped between records.
-    `heads_only`: the disk read a page at a time (MADV_RANDOM: no read-around), so that
-    the scan brings the pages of its record heads into the page cache and not the bodies
-    around them (compaction asks the cache afterwards which records were being read)."""
-    records: list[tuple[int, str, int, bool, int]] = []
-    pos = good_end = VOLUME_HEADER.size
-    skipped = 0
-    if size <= pos:
-        return records, good_end, skipped
-    mm = mmap.mmap(vol.fd, size, access=mmap.ACCESS_READ)
-    if heads_only and hasattr(mmap, "MADV_RANDOM"):
-        mm.madvise(mmap.MADV_RANDOM)
-    try:
-        while pos < size:
-            rec = _parse_record_head(mm, pos, size, vol)
-            if rec is None:
-                nxt = _next_record(mm, pos + 1, size, vol)
-                if nxt < 0:
-                    break
-                skipped += nxt - pos
-                pos = nxt
-                continue
-            fid, seq, deleted, length = rec
-            records.append((pos, fid, seq, deleted, length))
-            pos += length
-            good_end = pos
-    finally:
-        mm.close()
-    return records, good_end, skipped
-
-
-def stored_fragments(data_dir: Path | str) -> dict[str, tuple[str, int, int]]:
-    """Read-only, from the files alone (a node may be running): every fragment stored
-    under data_dir as {fid: (volume file, offset of its body, body length)} - for tools
-    and tests that look at the bytes on disk. A compaction that retires a volume during
-    the scan makes it scan again (at most 5 times)."""
-    vdir = Path(data_dir) / "volumes"
-
-    def volume_names() -> list[str]:
-        return sorted(n for n in os.listdir(vdir) if n.endswith(".vol")) if vdir.is_dir() else []
-
-    for _ in range(5):
-        names = volume_names()
-        out = _scan_dir(vdir, names)
-        if out is not None and names == volume_names():
-            return out
-    raise RuntimeError(f"volumes under {vdir} kept changing while they were read")
-
-
-def _scan_dir(vdir: Path, names: list[str]) -> dict[str, tuple[str, int, int]] | None:
-    """stored_fragments' one pass over `names`; None if one of them vanished."""
-    best: dict[str, tuple[int, bool, str, int, int]] = {}
-    for name in names:      # in volume order; of equal seqs the later (a moved copy) wins
-        path = str(vdir / name)
-        try:
-            vol = _open_volume(0, path, os.O_RDONLY)    # closes its fd when dropped
-        except FileNotFoundError:   # compacted away meanwhile
-            return None
-        if vol is None:
-            continue
-        fd = vol.fd
-        records, _, _ = _scan_records(vol, vol.end)
-        for pos, fid, seq, deleted, length in records:
-            if fid not in best or best[fid][0] <= seq:
-                hlen = RECORD_PREFIX.unpack(os.pread(fd, RECORD_PREFIX.size, pos))[1]
-                best[fid] = (seq, deleted, path, pos + RECORD_PREFIX.size + hlen,
-                             length - RECORD_PREFIX.size - hlen)
-    return {fid: (path, body_off, size)
-            for fid, (_, deleted, path, body_off, size) in best.items() if not deleted}
-
-
-def _parse_record_head(mm: mmap.mmap, pos: int, size: int, vol: Volume
-                       ) -> tuple[str, int, bool, int] | None:
-    """(fid, seq, deleted, record length) of the record at pos, or None if there is no
-    whole, checked record there."""
-    if pos + RECORD_PREFIX.size > size:
-        return None
-    magic, hlen, crc = RECORD_PREFIX.unpack_from(mm, pos)
-    start = pos + RECORD_PREFIX.size
-    if magic != RECORD_MAGIC or hlen > MAX_HEADER_BYTES or start + hlen > size:
-        return None
-    header = mm[start:start + hlen]
-    if vol.header_crc(header) != crc:
-        return None
-    try:
-        h = unpack(header, MAX_HEADER_BYTES)
-        fid, seq = h["fid"], h["seq"]
-        deleted = h.get("deleted") is True
-        body = 0 if deleted else h["size"]
-    except (BadRequest, KeyError, TypeError, AttributeError):
-        return None
-    if (not isinstance(fid, str) or not FRAGMENT_ID_RE.match(fid) or not isinstance(seq, int)
-            or not isinstance(body, int) or body < 0 or start + hlen + body > size):
-        return None
-    return fid, seq, deleted, RECORD_PREFIX.size + hlen + body
-
-
-def _next_record(mm: mmap.mmap, pos: int, size: int, vol: Volume) -> int:
-    """Offset of the next whole, checked record at or after pos; -1 if none."""
-    while True:
-        pos = mm.find(RECORD_MAGIC, pos)
-        if pos < 0:
-            return -1
-        if _parse_record_head(mm, pos, size, vol) is not None:
-            return pos
-        pos += 1
-
-
-def _fsync_dir(path: Path | str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def pread_padded(fd: int, length: int, offset: int) -> bytes:
-    """`length` bytes of fd from offset; zeros past the file's end (a record cut short on
-    disk reads as damaged - its checksum fails - never as short)."""
-    raw = os.pread(fd, length, offset)
-    return raw if len(raw) == length else raw + bytes(length - len(raw))
-
-
-def parse_fragment(fid: str, raw: bytes | bytearray, verify: bool = True) -> Fragment:
-    """A fragment from a volume record (b"ECV1") or a fragment file of the earlier
-    layout (b"ECF1"; quarantined copies); Corrupt if damaged or not `fid`'s."""
-    start, checksum, size, meta = parse_record_head(fid, raw)
-    body = memoryview(raw)[start:]  # no copy of the body: hashed and sent as is
-    if len(body) != size or (verify and not digest_matches(body, checksum)):
-        raise Corrupt(f"fragment {fid} failed its checksum")
-    return Fragment(fid, checksum, meta, body)
-
-
-def parse_record_head(fid: str, raw: bytes | bytearray) -> tuple[int, str, int, dict[str, Any]]:
-    """(where the body starts, checksum, body size, meta) from the start of a record or
-    fragment file (at least its whole header); Corrupt if damaged or not `fid`'s."""
-    if raw[:4] == RECORD_MAGIC and len(raw) >= RECORD_PREFIX.size:
-        _, hlen, _ = RECORD_PREFIX.unpack_from(raw)
-        start = RECORD_PREFIX.size
-    elif raw[:4] == MAGIC and len(raw) >= 8:
-        (hlen,) = struct.unpack(">I", raw[4:8])
-        start = 8
-    else:
-        raise Corrupt(f"fragment {fid} has a damaged header")
-    if hlen > MAX_HEADER_BYTES or start + hlen > len(raw):
-        raise Corrupt(f"fragment {fid} has a damaged header")
-    try:
-        header = unpack(raw[start:start + hlen], MAX_HEADER_BYTES)
-        checksum, size, meta = header["checksum"], header["size"], header["meta"]
-        if header.get("fid", fid) != fid:
-            raise Corrupt(f"fragment {fid}'s record names another fragment")
-    except (BadRequest, KeyError, TypeError, AttributeError):
-        raise Corrupt(f"fragment {fid} has a damaged header") from None
-    return start + hlen, checksum, size, meta

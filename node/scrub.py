@@ -16,8 +16,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from node.fragments import FragmentStore, parse_fragment
+from node.fragments import FragmentStore
 from node.logs import log_step
+from node.volumes import parse_fragment
 from store.errors import Corrupt, NotFound
 
 log = logging.getLogger("ecstore.scrub")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from node.fastpath import FAST_PATH_ENV
-from node.fragments import stored_fragments
+from node.volumes import stored_fragments
 from store.auth import CHECKSUM_HEADER
 from store.digest import digest
 from store.wire import FRAGMENT_CRC_HEADER, FRAGMENT_META_HEADER, pack_header

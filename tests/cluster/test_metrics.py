@@ -19,7 +19,7 @@ from botocore.client import BaseClient
 from botocore.exceptions import ClientError
 
 from cli.localcluster import LocalCluster, free_port, signed_request
-from node.fragments import MAX_HEADER_BYTES, RECORD_MAGIC, RECORD_PREFIX, stored_fragments
+from node.volumes import MAX_HEADER_BYTES, RECORD_MAGIC, RECORD_PREFIX, stored_fragments
 from store.client import SyncClient
 from store.wire import unpack
 from tests.cluster.s3_fixtures import gateway_cluster, gateway_of, make_client

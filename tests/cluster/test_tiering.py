@@ -19,7 +19,7 @@ import boto3
 import pytest
 
 from cli.localcluster import LocalCluster
-from node.fragments import stored_fragments
+from node.volumes import stored_fragments
 from store.client import Client, SyncClient, expected_fragment_nodes
 from store.tiering import move_object
 from tests.cluster.s3_fixtures import ecstore

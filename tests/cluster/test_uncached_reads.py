@@ -18,8 +18,8 @@ import pytest
 
 from cli.localcluster import LocalCluster
 from node.fastpath import FAST_PATH_ENV
-from node.fragments import stored_fragments
 from node.storage import SCRUB_RATE_ENV
+from node.volumes import stored_fragments
 from store.client import SyncClient
 from store.striping import fragment_id
 from store.wire import FRAGMENT_META_HEADER, UNCACHED_HEADER, pack_header

@@ -16,11 +16,11 @@ from aiohttp.test_utils import TestServer
 from bench.pagecache import evict
 from cli.localcluster import signed_request
 from node import fragments, zerocopy
-from node.fragments import stored_fragments
 from node.logs import request_log
 from node.metrics import access_log_class
 from node.server import OBSERVER
 from node.storage import StorageConfig, make_app
+from node.volumes import stored_fragments
 from store.transport import Transport
 
 SECRET = "s" * 32

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from node import fragments
+from node import fragments, volumes
 from node.fragments import FragmentStore
 from node.storage import PUTS, STORE, PutQueue
 from store.digest import digest
@@ -77,14 +77,14 @@ def test_a_failed_sync_fails_its_puts_and_indexes_none(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """fdatasync failing (EIO): no put of that batch is acknowledged or readable, and the
     writer goes on with the next batch once the disk syncs again."""
-    real_sync = fragments.Volume.sync
+    real_sync = volumes.Volume.sync
     failing = [True]
 
-    def sync(vol: fragments.Volume) -> None:
+    def sync(vol: volumes.Volume) -> None:
         if failing[0]:
             raise OSError(errno.EIO, "I/O error (injected)")
         real_sync(vol)
-    monkeypatch.setattr(fragments.Volume, "sync", sync)
+    monkeypatch.setattr(volumes.Volume, "sync", sync)
 
     async def body(t: Transport, url: str, app: web.Application) -> None:
         got = await asyncio.gather(*(t.request("PUT", url, f"/v1/fragments/x{i}.0.0", body=b"x")
@@ -110,7 +110,7 @@ def test_a_bug_in_a_batch_fails_its_puts_and_the_writer_goes_on(
     finish could never be compacted) and the next batch is written as usual."""
     broken = [True]
     # after the record is appended: in the shared sync, or in the index step
-    owner: Any = fragments.Volume if where == "sync" else fragments
+    owner: Any = volumes.Volume if where == "sync" else fragments
     name = "sync" if where == "sync" else "make_loc"
     real = getattr(owner, name)
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from node.fragments import FragmentStore, parse_fragment
+from node.fragments import FragmentStore
 from node.scrub import Scrubber, ScrubStats, pacing_pause_s, scrub_now, step_budget_bytes
+from node.volumes import parse_fragment
 from store.auth import CHECKSUM_HEADER
 from store.errors import Corrupt, NotFound
 from store.transport import Transport

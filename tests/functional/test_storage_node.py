@@ -10,8 +10,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from node import fragments, zerocopy
-from node.fragments import VOLUME_HEADER
+from node import volumes, zerocopy
+from node.volumes import VOLUME_HEADER
 from store.auth import CHECKSUM_HEADER, sign_headers
 from store.digest import digest
 from store.digest import matches as digest_matches
@@ -163,7 +163,7 @@ def test_reads_from_the_page_cache_skip_the_thread_and_others_do_not(tmp_path: P
     body = os.urandom(8 << 20)   # (a long read from the disk: see below)
     store.put("v5.0.0", body, hashlib.sha256(body).hexdigest(), {"crc32": 7})
     path, _, _ = store.locate("v5.0.0")
-    record_at = fragments.loc_off(store.read_raw("v5.0.0")[1])   # where its record starts
+    record_at = volumes.loc_off(store.read_raw("v5.0.0")[1])   # where its record starts
     frag = store.read_cached("v5.0.0")
     assert frag is not None and bytes(frag.body) == body and frag.meta == {"crc32": 7}
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from node import fragments, zerocopy
-from node.fragments import FragmentStore, stored_fragments
+from node.fragments import FragmentStore
+from node.volumes import stored_fragments
 from store.digest import digest
 from tests.functional.harness import (
     cached_pages,

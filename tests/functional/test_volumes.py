@@ -15,14 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from node import fragments, storage
-from node.fragments import (
-    MAGIC,
-    RECORD_MAGIC,
-    RECORD_PREFIX,
-    FragmentStore,
-    stored_fragments,
-)
+from node import fragments, storage, volumes
+from node.fragments import FragmentStore
+from node.volumes import MAGIC, RECORD_MAGIC, RECORD_PREFIX, stored_fragments
 from store.digest import digest
 from store.errors import Corrupt, InsufficientStorage, NotFound
 from store.transport import Transport
@@ -453,7 +448,7 @@ def test_quarantine_finds_a_record_that_compaction_moved(tmp_path: Path) -> None
     s.delete("w.0.0")
     raw, where = s.read_raw("x.0.0")          # a scrubber read x from volume 1 ...
     assert s.compact().volumes == 1           # ... which compaction then moved
-    assert fragments.loc_vid(s.read_raw("x.0.0")[1]) != fragments.loc_vid(where)
+    assert volumes.loc_vid(s.read_raw("x.0.0")[1]) != volumes.loc_vid(where)
     assert s.quarantine_fragment("x.0.0", where)
     assert "x.0.0" not in s.list("", 10)
     put(s, "x.0.0", b"repaired")              # a put since the read: left alone
@@ -473,11 +468,11 @@ def test_the_offline_scan_sees_every_fragment_while_a_compaction_runs(
         put(s, f"f{i}.0.0", body_of(f"f{i}", 20_000))
     s.delete("f0.0.0")
     s.delete("f1.0.0")
-    real = fragments._scan_records
+    real = volumes.scan_records
     compactions: list[fragments.CompactResult] = []
     busy: list[bool] = []
 
-    def scan_then_compact(vol: fragments.Volume, size: int, heads_only: bool = False
+    def scan_then_compact(vol: volumes.Volume, size: int, heads_only: bool = False
                           ) -> tuple[list[tuple[int, str, int, bool, int]], int, int]:
         out = real(vol, size, heads_only)
         if not busy:            # the offline scan's first read (compaction scans too)
@@ -485,7 +480,7 @@ def test_the_offline_scan_sees_every_fragment_while_a_compaction_runs(
             compactions.append(s.compact())
         return out
 
-    monkeypatch.setattr(fragments, "_scan_records", scan_then_compact)
+    monkeypatch.setattr(volumes, "scan_records", scan_then_compact)
     seen = stored_fragments(tmp_path)
     assert compactions and compactions[0].volumes == 1
     assert sorted(seen) == s.list("", 100) == [f"f{i}.0.0" for i in range(2, 6)]
@@ -688,7 +683,7 @@ def test_the_index_is_invisible_to_the_garbage_collector_and_compaction_reads_in
 ])
 def test_a_record_place_packs_into_one_int_and_back(vid: int, off: int, length: int,
                                                       seq: int) -> None:
-    loc = fragments.make_loc(vid, off, length, seq)
-    assert (fragments.loc_vid(loc), fragments.loc_off(loc), fragments.loc_length(loc),
-            fragments.loc_seq(loc)) == (vid, off, length, seq)
-    assert fragments.make_loc(vid, off, length, seq + 1) > loc       # a later seq sorts after
+    loc = volumes.make_loc(vid, off, length, seq)
+    assert (volumes.loc_vid(loc), volumes.loc_off(loc), volumes.loc_length(loc),
+            volumes.loc_seq(loc)) == (vid, off, length, seq)
+    assert volumes.make_loc(vid, off, length, seq + 1) > loc       # a later seq sorts after

@@ -1,0 +1,346 @@
+"""The on-disk format of a storage node's fragments: append-only volume files.
+
+Layout under the node's data directory:
+
+    volumes/00000001.vol ...  append-only; new records go to the highest-numbered one
+    quarantine/{fid}          fragments that failed their checksum, kept for inspection
+    fragments/, tmp/          the file-per-fragment layout of earlier versions: migrated
+                              into volumes when the store opens, then removed
+
+A volume file starts with a 24-byte header: b"ECVOL001", a random 8-byte salt, and the
+store's sequence number when the volume was made. Then records, back to back:
+
+    b"ECV1" | u32 header length | u32 CRC-32 of (salt + header) | msgpack header | body
+
+A fragment's header is {"fid", "seq", "checksum", "size", "meta"}: `checksum` the body's
+digest (store.digest: "b3:" + BLAKE3 hex, or the plain SHA-256 hex of earlier writers,
+still checked), `size` the body's length. A deletion is a record with no body, a
+tombstone: {"fid", "seq", "deleted": True}. `seq` numbers every record a store writes;
+for each fragment id the record with the highest seq is the truth (a put after a delete
+wins, a delete after a put wins), whichever volume it sits in.
+
+Reading the records back (scan_records) takes only whole, checked ones: a record cut
+short at the end of a file stops the scan, and a header that fails its CRC (a torn write
+in the middle, bit rot) is skipped by searching for the next record whose header checks
+out against the volume's salt - which a fragment body cannot forge, as the salt never
+leaves the node.
+
+This module is the format and nothing else: Volume (one open file, its group-committed
+sync), Loc (where a record is, packed into an int), scanning and parsing records. The
+store that keeps the index and writes, deletes and compacts is node/fragments.py.
+"""
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import re
+import struct
+import threading
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from store.digest import matches as digest_matches
+from store.errors import BadRequest, Corrupt
+from store.wire import unpack
+
+MAGIC = b"ECF1"                 # a quarantined fragment, and the old file-per-fragment layout
+RECORD_MAGIC = b"ECV1"
+VOLUME_MAGIC = b"ECVOL001"
+VOLUME_HEADER = struct.Struct(">8s8sQ")     # magic, salt, seq when the volume was made
+RECORD_PREFIX = struct.Struct(">4sII")      # magic, header length, CRC-32 of salt + header
+MAX_HEADER_BYTES = 64 * 1024
+FRAGMENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
+
+
+def check_fragment_id(fid: str) -> str:
+    """Return fid if it is a safe file name; BadRequest otherwise."""
+    if not FRAGMENT_ID_RE.match(fid) or ".." in fid:
+        raise BadRequest(f"invalid fragment id {fid[:80]!r}")
+    return fid
+
+
+@dataclass(frozen=True)
+class Fragment:
+    fid: str
+    checksum: str
+    meta: dict[str, Any]
+    body: bytes | memoryview
+
+
+
+class Volume:
+    """One volume file, open for reading and appending. The descriptor closes when the
+    last reference goes (CPython frees it at once), so a reader holding a Loc may read
+    while a compaction retires the volume."""
+
+    __slots__ = ("vid", "path", "fd", "salt", "min_seq", "end", "live_bytes", "writers",
+                 "dropped", "_salt_crc", "_sync_cv", "_ticket", "_synced", "_syncing")
+
+    def __init__(self, vid: int, path: str, fd: int, salt: bytes, min_seq: int,
+                 end: int) -> None:
+        self.vid, self.path, self.fd, self.salt = vid, path, fd, salt
+        self._salt_crc = zlib.crc32(salt)
+        self.min_seq = min_seq      # lowest seq of any record in it (tombstones' rule)
+        self.end = end              # where the next record goes (reserved, maybe unwritten)
+        self.live_bytes = 0         # bytes of records the index points at
+        self.writers = 0            # puts and deletes with a place reserved, not done yet
+        self.dropped = (0, 0)       # the last run of records drop_written dropped, end to end
+        self._sync_cv = threading.Condition()
+        self._ticket = self._synced = 0
+        self._syncing = False
+
+    def __del__(self) -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            os.close(self.fd)
+
+    @contextlib.contextmanager
+    def without_readahead(self) -> Iterator[int]:
+        """A descriptor of the file for one read that the kernel does not read ahead of
+        (POSIX_FADV_RANDOM holds for one open file, not for the fd every other read
+        uses), closed after: an uncached read of a record reads that record, not the
+        records after it into the page cache. Opened through /proc/self/fd (a file
+        compaction unlinked still opens); the usual fd where that cannot be done (no
+        descriptor left, not Linux), readahead and all."""
+        try:
+            fd = os.open(f"/proc/self/fd/{self.fd}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            fd = -1
+        try:
+            if fd >= 0:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            yield fd if fd >= 0 else self.fd
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def header_crc(self, header: bytes | memoryview) -> int:
+        return zlib.crc32(header, self._salt_crc)
+
+    def sync(self) -> None:
+        """fdatasync covering every write that finished before this call: concurrent
+        callers share one (a group commit) instead of queueing one each."""
+        with self._sync_cv:
+            self._ticket += 1
+            mine = self._ticket
+            while self._syncing:
+                self._sync_cv.wait()
+            if self._synced >= mine:
+                return
+            self._syncing = True
+            upto = self._ticket
+        synced = False
+        try:
+            os.fdatasync(self.fd)
+            synced = True
+        finally:
+            with self._sync_cv:
+                self._syncing = False
+                if synced:
+                    self._synced = max(self._synced, upto)
+                self._sync_cv.notify_all()
+
+
+# Where one record is: its volume's number, offset, length (prefix + header + body) and
+# seq, packed into one int (length in bits 0-31, offset 32-79, volume 80-111, seq above):
+# 44 bytes where a tuple of four ints took 128, and an int is never tracked by Python's
+# cyclic garbage collector, so a full collection does not walk the index (~130 ms per
+# million fragments when entries held their Volume object, stalling the node).
+Loc = int
+_M32, _M48 = (1 << 32) - 1, (1 << 48) - 1
+
+
+def make_loc(vid: int, off: int, length: int, seq: int) -> Loc:
+    assert 0 <= vid <= _M32 and 0 <= off <= _M48 and 0 <= length <= _M32, (vid, off, length)
+    return seq << 112 | vid << 80 | off << 32 | length
+
+
+def loc_vid(loc: Loc) -> int:
+    return (loc >> 80) & _M32
+
+
+def loc_off(loc: Loc) -> int:
+    return (loc >> 32) & _M48
+
+
+def loc_length(loc: Loc) -> int:
+    return loc & _M32
+
+
+def loc_seq(loc: Loc) -> int:
+    return loc >> 112
+
+
+
+def open_volume(vid: int, path: str, flags: int) -> Volume | None:
+    """A volume file opened with `flags`, its end at the file's size; None (and closed)
+    when it has no valid volume header."""
+    fd = os.open(path, flags | os.O_CLOEXEC)
+    head = os.pread(fd, VOLUME_HEADER.size, 0)
+    if len(head) < VOLUME_HEADER.size or head[:8] != VOLUME_MAGIC:
+        os.close(fd)
+        return None
+    _, salt, made_seq = VOLUME_HEADER.unpack(head)
+    return Volume(vid, path, fd, salt, made_seq, os.fstat(fd).st_size)
+
+
+def scan_records(vol: Volume, size: int, heads_only: bool = False
+                  ) -> tuple[list[tuple[int, str, int, bool, int]], int, int]:
+    """Every whole, checked record of a volume file of `size` bytes, as (offset, fid,
+    seq, deleted, length); the end of the last one; bytes skipped between records.
+    `heads_only`: the disk read a page at a time (MADV_RANDOM: no read-around), so that
+    the scan brings the pages of its record heads into the page cache and not the bodies
+    around them (compaction asks the cache afterwards which records were being read)."""
+    records: list[tuple[int, str, int, bool, int]] = []
+    pos = good_end = VOLUME_HEADER.size
+    skipped = 0
+    if size <= pos:
+        return records, good_end, skipped
+    mm = mmap.mmap(vol.fd, size, access=mmap.ACCESS_READ)
+    if heads_only and hasattr(mmap, "MADV_RANDOM"):
+        mm.madvise(mmap.MADV_RANDOM)
+    try:
+        while pos < size:
+            rec = _parse_record_head(mm, pos, size, vol)
+            if rec is None:
+                nxt = _next_record(mm, pos + 1, size, vol)
+                if nxt < 0:
+                    break
+                skipped += nxt - pos
+                pos = nxt
+                continue
+            fid, seq, deleted, length = rec
+            records.append((pos, fid, seq, deleted, length))
+            pos += length
+            good_end = pos
+    finally:
+        mm.close()
+    return records, good_end, skipped
+
+
+def stored_fragments(data_dir: Path | str) -> dict[str, tuple[str, int, int]]:
+    """Read-only, from the files alone (a node may be running): every fragment stored
+    under data_dir as {fid: (volume file, offset of its body, body length)} - for tools
+    and tests that look at the bytes on disk. A compaction that retires a volume during
+    the scan makes it scan again (at most 5 times)."""
+    vdir = Path(data_dir) / "volumes"
+
+    def volume_names() -> list[str]:
+        return sorted(n for n in os.listdir(vdir) if n.endswith(".vol")) if vdir.is_dir() else []
+
+    for _ in range(5):
+        names = volume_names()
+        out = _scan_dir(vdir, names)
+        if out is not None and names == volume_names():
+            return out
+    raise RuntimeError(f"volumes under {vdir} kept changing while they were read")
+
+
+def _scan_dir(vdir: Path, names: list[str]) -> dict[str, tuple[str, int, int]] | None:
+    """stored_fragments' one pass over `names`; None if one of them vanished."""
+    best: dict[str, tuple[int, bool, str, int, int]] = {}
+    for name in names:      # in volume order; of equal seqs the later (a moved copy) wins
+        path = str(vdir / name)
+        try:
+            vol = open_volume(0, path, os.O_RDONLY)    # closes its fd when dropped
+        except FileNotFoundError:   # compacted away meanwhile
+            return None
+        if vol is None:
+            continue
+        fd = vol.fd
+        records, _, _ = scan_records(vol, vol.end)
+        for pos, fid, seq, deleted, length in records:
+            if fid not in best or best[fid][0] <= seq:
+                hlen = RECORD_PREFIX.unpack(os.pread(fd, RECORD_PREFIX.size, pos))[1]
+                best[fid] = (seq, deleted, path, pos + RECORD_PREFIX.size + hlen,
+                             length - RECORD_PREFIX.size - hlen)
+    return {fid: (path, body_off, size)
+            for fid, (_, deleted, path, body_off, size) in best.items() if not deleted}
+
+
+def _parse_record_head(mm: mmap.mmap, pos: int, size: int, vol: Volume
+                       ) -> tuple[str, int, bool, int] | None:
+    """(fid, seq, deleted, record length) of the record at pos, or None if there is no
+    whole, checked record there."""
+    if pos + RECORD_PREFIX.size > size:
+        return None
+    magic, hlen, crc = RECORD_PREFIX.unpack_from(mm, pos)
+    start = pos + RECORD_PREFIX.size
+    if magic != RECORD_MAGIC or hlen > MAX_HEADER_BYTES or start + hlen > size:
+        return None
+    header = mm[start:start + hlen]
+    if vol.header_crc(header) != crc:
+        return None
+    try:
+        h = unpack(header, MAX_HEADER_BYTES)
+        fid, seq = h["fid"], h["seq"]
+        deleted = h.get("deleted") is True
+        body = 0 if deleted else h["size"]
+    except (BadRequest, KeyError, TypeError, AttributeError):
+        return None
+    if (not isinstance(fid, str) or not FRAGMENT_ID_RE.match(fid) or not isinstance(seq, int)
+            or not isinstance(body, int) or body < 0 or start + hlen + body > size):
+        return None
+    return fid, seq, deleted, RECORD_PREFIX.size + hlen + body
+
+
+def _next_record(mm: mmap.mmap, pos: int, size: int, vol: Volume) -> int:
+    """Offset of the next whole, checked record at or after pos; -1 if none."""
+    while True:
+        pos = mm.find(RECORD_MAGIC, pos)
+        if pos < 0:
+            return -1
+        if _parse_record_head(mm, pos, size, vol) is not None:
+            return pos
+        pos += 1
+
+
+def fsync_dir(path: Path | str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def pread_padded(fd: int, length: int, offset: int) -> bytes:
+    """`length` bytes of fd from offset; zeros past the file's end (a record cut short on
+    disk reads as damaged - its checksum fails - never as short)."""
+    raw = os.pread(fd, length, offset)
+    return raw if len(raw) == length else raw + bytes(length - len(raw))
+
+
+def parse_fragment(fid: str, raw: bytes | bytearray, verify: bool = True) -> Fragment:
+    """A fragment from a volume record (b"ECV1") or a fragment file of the earlier
+    layout (b"ECF1"; quarantined copies); Corrupt if damaged or not `fid`'s."""
+    start, checksum, size, meta = parse_record_head(fid, raw)
+    body = memoryview(raw)[start:]  # no copy of the body: hashed and sent as is
+    if len(body) != size or (verify and not digest_matches(body, checksum)):
+        raise Corrupt(f"fragment {fid} failed its checksum")
+    return Fragment(fid, checksum, meta, body)
+
+
+def parse_record_head(fid: str, raw: bytes | bytearray) -> tuple[int, str, int, dict[str, Any]]:
+    """(where the body starts, checksum, body size, meta) from the start of a record or
+    fragment file (at least its whole header); Corrupt if damaged or not `fid`'s."""
+    if raw[:4] == RECORD_MAGIC and len(raw) >= RECORD_PREFIX.size:
+        _, hlen, _ = RECORD_PREFIX.unpack_from(raw)
+        start = RECORD_PREFIX.size
+    elif raw[:4] == MAGIC and len(raw) >= 8:
+        (hlen,) = struct.unpack(">I", raw[4:8])
+        start = 8
+    else:
+        raise Corrupt(f"fragment {fid} has a damaged header")
+    if hlen > MAX_HEADER_BYTES or start + hlen > len(raw):
+        raise Corrupt(f"fragment {fid} has a damaged header")
+    try:
+        header = unpack(raw[start:start + hlen], MAX_HEADER_BYTES)
+        checksum, size, meta = header["checksum"], header["size"], header["meta"]
+        if header.get("fid", fid) != fid:
+            raise Corrupt(f"fragment {fid}'s record names another fragment")
+    except (BadRequest, KeyError, TypeError, AttributeError):
+        raise Corrupt(f"fragment {fid} has a damaged header") from None
+    return start + hlen, checksum, size, meta
