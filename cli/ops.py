@@ -45,6 +45,9 @@ async def cmd_ring_show(c: Client, a: argparse.Namespace) -> int:
     if a.json:
         print(json.dumps({"epoch": cmap.epoch, "previous_epoch": cmap.previous_epoch,
                           "rebalance_pending": pending,
+                          "metadata": {"replicas": cmap.effective_replicas,
+                                       "write_quorum": cmap.write_quorum,
+                                       "read_quorum": cmap.read_quorum},
                           "policies": [p.to_dict() for p in cmap.policies], "nodes": rows},
                          indent=2))
         return 0
@@ -58,6 +61,10 @@ async def cmd_ring_show(c: Client, a: argparse.Namespace) -> int:
     for p in cmap.policies:
         out.print(f"policy {p.name}: {p.k}+{p.m} {p.ec_type}, "
                   f"{p.segment_size_bytes // 1024} KiB segments, tier {p.tier}", highlight=False)
+    out.print(f"metadata: {cmap.effective_replicas} replica"
+              f"{'s' if cmap.effective_replicas != 1 else ''} of each record on the control "
+              f"ring, write quorum {cmap.write_quorum}, read quorum {cmap.read_quorum}",
+              highlight=False)
     if pending:
         out.print(f"rebalance pending: the last {' and '.join(pending)} ring change (epoch "
                   f"{cmap.previous_epoch}) is not all moved yet; run `ecstore rebalance`",
@@ -107,6 +114,8 @@ async def change_ring(c: Client, op: str, a: argparse.Namespace) -> ClusterMap:
             from cli.main import err
             err.print(f"no change: the map stays at epoch {cmap.epoch}")
             return cmap
+        if control and old is not None and not getattr(a, "force", False):
+            _refuse_fewer_replicas(cmap, old, ring, a.id)
         pending = cmap.previous_control is not None if control \
             else bool(cmap.previous_storage_rings)
         if pending and not getattr(a, "force", False):
@@ -125,6 +134,22 @@ async def change_ring(c: Client, op: str, a: argparse.Namespace) -> ClusterMap:
     err.print(f"map epoch {cmap.epoch} -> {new.epoch}"
               + (f" (not reached: {', '.join(failed)})" if failed else ""))
     return new
+
+
+def _refuse_fewer_replicas(cmap: ClusterMap, old: Any, ring: Any, node_id: str) -> None:
+    """BadRequest if a control ring change leaves fewer control nodes than the map's R:
+    every record whose replica was there would keep fewer copies, and the next control
+    node down would stop metadata writes or reads (the quorums of fewer nodes)."""
+    keep = len(ring.nodes)
+    if keep >= min(cmap.replicas, len(old.nodes)):
+        return
+    raise BadRequest(
+        f"refused: without {node_id} the control ring keeps {keep} node"
+        f"{'s' if keep != 1 else ''} for {cmap.replicas} replicas of each metadata record: "
+        "every record would lose a copy, and one more control node down would stop "
+        "metadata writes. Add a control node first (`ecstore ring add ID --url URL --role "
+        "control`, or `ecstore cluster add-node --role control` on a local cluster), then "
+        "remove this one; --force removes it anyway")
 
 
 async def settle_storage(c: Client) -> bool:
@@ -237,7 +262,7 @@ async def finish_metadata_move(c: Client, dry_run: bool) -> Any:
     report = await move_metadata(c, dry_run)
     cmap = await c.cluster_map(refresh=True)
     if not dry_run and not report.failed and cmap.previous_control is not None:
-        await c.publish_map(cmap.bump(previous_control=None))
+        await c.publish_map(cmap.settled_control())
     return report
 
 
@@ -301,7 +326,7 @@ def cmd_remove_node(a: argparse.Namespace) -> int:
         try:
             cmap = await c.cluster_map(refresh=True)
             if any(n.id == a.id for n in cmap.control.nodes):
-                await change_ring(c, "remove", argparse.Namespace(id=a.id))
+                await change_ring(c, "remove", argparse.Namespace(id=a.id, force=a.force))
                 await asyncio.sleep(MAP_TTL_S + 0.5)  # every client writes to the new ring
                 report = await finish_metadata_move(c, False)
                 summary.update(role="control", metadata=report.to_dict())
@@ -350,6 +375,9 @@ def register_cluster(csub: Any) -> None:
     rm = csub.add_parser("remove-node", help="drain a node (rebalance off it), then stop it")
     rm.add_argument("--data", default=".ecstore")
     rm.add_argument("id")
+    rm.add_argument("--force", action="store_true",
+                    help="remove a control node although fewer control nodes than the "
+                         "map's replicas per record would be left")
     rm.add_argument("--json", action="store_true",
                     help="print what was moved off it as JSON (a storage node: passes, "
                          "moved, bytes_moved, failed; a control node: metadata)")
@@ -357,7 +385,8 @@ def register_cluster(csub: Any) -> None:
 
 
 FORCE_HELP = ("change the ring although the last change is not rebalanced yet (objects "
-              "not moved yet may be unreadable until a rebalance)")
+              "not moved yet may be unreadable until a rebalance), or although fewer "
+              "control nodes than the replicas of each metadata record would be left")
 
 
 def register(sub: Any, with_client: Any) -> None:

@@ -4,6 +4,15 @@ Replication decision: ``replicas`` (R) may exceed the number of control
 nodes; the *effective* R is ``min(R, len(control.nodes))`` and both quorums
 must fit in it (``1 <= write_quorum, read_quorum <= effective R``).  So a
 1-control-node cluster is valid with R=1 (or R=3) and W = read quorum = 1.
+
+A cluster started with fewer than three control nodes gets R = its node count
+(``default_quorums``); when its control ring later grows, ``with_control_ring`` raises R,
+W and the read quorum by the same rule, up to ``DEFAULT_REPLICAS`` - else a cluster
+grown from one control node to three would keep every record on one node. Until the
+records have moved (rebalance), the map keeps the previous R and W
+(``previous_replicas``, ``previous_write_quorum``): a record written before the change
+may be on only the old W of its old owners, and ``metadata_read_plan`` and
+``listing_misses_allowed`` count with that.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ MAX_MAP_BYTES = 256 * 1024 * 1024
 MAX_INLINE_BYTES = 16 * 1024 * 1024
 _MAX_EPOCH = 2**63 - 1
 _MAX_REPLICAS = 32
+DEFAULT_REPLICAS = 3
 
 _UNPACK_LIMITS: dict[str, int] = {
     "max_bin_len": 128 * 1024 * 1024,
@@ -54,6 +64,8 @@ class ClusterMap:
         previous_epoch: the epoch those rings belong to (0 when none).
         previous_control: the control ring before the last control ring change, so that
             metadata reads also ask where a record was before it was moved.
+        previous_replicas, previous_write_quorum: R and W before that change, when it
+            changed them (0: the same as now).
     """
 
     epoch: int
@@ -68,6 +80,8 @@ class ClusterMap:
     previous_storage_rings: tuple[Ring, ...] = ()
     previous_epoch: int = 0
     previous_control: Ring | None = None
+    previous_replicas: int = 0
+    previous_write_quorum: int = 0
 
     # ------------------------------------------------------------ invariants
     def check(self) -> None:
@@ -80,6 +94,8 @@ class ClusterMap:
         check_int(f"write_quorum (effective replicas {eff})", self.write_quorum, 1, eff)
         check_int(f"read_quorum (effective replicas {eff})", self.read_quorum, 1, eff)
         check_int("inline_max_bytes", self.inline_max_bytes, 0, MAX_INLINE_BYTES)
+        check_int("previous_replicas", self.previous_replicas, 0, _MAX_REPLICAS)
+        check_int("previous_write_quorum", self.previous_write_quorum, 0, _MAX_REPLICAS)
 
     def _check_rings(self) -> None:
         if not isinstance(self.control, Ring):
@@ -171,6 +187,38 @@ class ClusterMap:
         """Return the ``effective_replicas`` control nodes holding metadata ``key``."""
         return self.control.locate(key, self.effective_replicas)
 
+    def _previous_quorum(self) -> tuple[int, int]:
+        """(R, W) of the previous control ring, each at most its node count."""
+        assert self.previous_control is not None
+        n = len(self.previous_control.nodes)
+        return (min(self.previous_replicas or self.replicas, n),
+                min(self.previous_write_quorum or self.write_quorum, n))
+
+    def metadata_read_plan(self, key: bytes | str) -> tuple[tuple[Node, ...], int]:
+        """The control nodes a read of metadata ``key`` asks, and how many answers it
+        needs so that they include one replica of every acknowledged write: a write
+        reached W of the key's owners, or - made before the last control ring change and
+        not moved yet - the previous W of its previous owners. Missing no more than
+        W - 1 of the nodes asked sees any W of them."""
+        owners = self.control_nodes_for(key)
+        nodes = self.metadata_nodes_for(key)
+        r, w = len(owners), min(self.write_quorum, len(owners))
+        needed = min(self.read_quorum, r) + len(nodes) - r   # the owners' read quorum
+        if self.previous_control is not None:
+            needed = max(needed, len(nodes) - min(w, self._previous_quorum()[1]) + 1)
+        return nodes, min(len(nodes), needed)
+
+    def listing_misses_allowed(self) -> int:
+        """How many of the control nodes a listing may leave unasked (store.listing's
+        `enough` = all of them less this): every record is on W of its R owners, or on the
+        previous W of its previous owners while a control ring change is not moved yet."""
+        r = self.effective_replicas
+        w = min(self.write_quorum, r)
+        misses = max(0, r - w)
+        if self.previous_control is not None:
+            misses = min(misses, self._previous_quorum()[1] - 1)
+        return misses
+
     def fragment_nodes(self, policy: Policy, version_id: str, segment_index: int) -> tuple[Node, ...]:
         """Return the k+m nodes of one segment; position i holds fragment index i.
 
@@ -201,9 +249,23 @@ class ClusterMap:
                          previous_epoch=self.epoch)
 
     def with_control_ring(self, ring: Ring) -> "ClusterMap":
-        """A new epoch with `ring` as the control ring; the old one is kept as previous."""
+        """A new epoch with `ring` as the control ring; the old one is kept as previous.
+
+        A ring grown past R while R is below DEFAULT_REPLICAS raises R, W and the read
+        quorum (default_quorums of the new node count); the old R and W are kept beside
+        the previous ring until the move is done (``settled``)."""
+        r, w, rq = self.replicas, self.write_quorum, self.read_quorum
+        if min(DEFAULT_REPLICAS, len(ring.nodes)) > r:
+            r, w, rq = default_quorums(len(ring.nodes))
+        changed = (r, w) != (self.replicas, self.write_quorum)
         return self.bump(control=ring, previous_control=self.control,
-                         previous_epoch=self.epoch)
+                         previous_epoch=self.epoch, replicas=r, write_quorum=w, read_quorum=rq,
+                         previous_replicas=self.replicas if changed else 0,
+                         previous_write_quorum=self.write_quorum if changed else 0)
+
+    def settled_control(self) -> "ClusterMap":
+        """A new epoch without the previous control ring (its records all moved)."""
+        return self.bump(previous_control=None, previous_replicas=0, previous_write_quorum=0)
 
     def metadata_nodes_for(self, key: bytes | str) -> tuple[Node, ...]:
         """The control nodes that hold `key` now, then those that held it before the last
@@ -211,8 +273,7 @@ class ClusterMap:
         now = self.control_nodes_for(key)
         if self.previous_control is None:
             return now
-        r = min(self.replicas, len(self.previous_control.nodes))
-        before = self.previous_control.locate(key, r)
+        before = self.previous_control.locate(key, self._previous_quorum()[0])
         return now + tuple(n for n in before if n.id not in {x.id for x in now})
 
     def previous_fragment_node(self, policy: Policy, version_id: str, segment_index: int,
@@ -239,8 +300,7 @@ class ClusterMap:
         """Return the epoch-1 map: a ring per storage tier, a control ring, a "hot" policy
         (k+m on the hot tier) and, when cold nodes exist, a "cold" one (cold_k+cold_m).
 
-        R = min(3, control nodes), W = R // 2 + 1, read quorum = R - W + 1
-        (1/1/1 for one control node, 2/2/1 for two, 3/2/2 for three or more).
+        R, W and the read quorum: default_quorums of the control nodes.
         Raises ValueError if invalid (e.g. fewer than k+m hot nodes).
         """
         storage = list(storage_nodes)
@@ -249,12 +309,11 @@ class ClusterMap:
             by_tier.setdefault(nd.tier, []).append(nd)
         rings = tuple(Ring.build(by_tier[t], part_power, tier=t) for t in sorted(by_tier))
         control = Ring.build(control_nodes, part_power, tier=CONTROL_TIER)
-        r = min(3, len(control.nodes))
-        w = r // 2 + 1
+        r, w, rq = default_quorums(len(control.nodes))
         policies = [Policy("hot", k, m, ec_type, segment_size_bytes, "hot")]
         if "cold" in by_tier:
             policies.append(Policy("cold", cold_k, cold_m, ec_type, segment_size_bytes, "cold"))
-        cmap = ClusterMap(1, rings, control, tuple(policies), "hot", r, w, r - w + 1)
+        cmap = ClusterMap(1, rings, control, tuple(policies), "hot", r, w, rq)
         cmap.check()
         return cmap
 
@@ -276,14 +335,17 @@ class ClusterMap:
             "previous_epoch": self.previous_epoch,
             "previous_control": (None if self.previous_control is None
                                  else self.previous_control.to_dict()),
-        }
+        } | ({"previous_replicas": self.previous_replicas,       # only when R changed: maps
+              "previous_write_quorum": self.previous_write_quorum}  # as earlier versions read
+             if self.previous_replicas or self.previous_write_quorum else {})
 
     @staticmethod
     def from_dict(d: object) -> "ClusterMap":
         """Build and check a map from ``to_dict`` output.  Raises ValueError."""
         required = set(_FIELDS) | {"format", "epoch", "storage_rings", "control", "policies"}
         f = fields("cluster map", d, required, {"previous_storage_rings", "previous_epoch",
-                                                       "previous_control"})
+                                                       "previous_control", "previous_replicas",
+                                                       "previous_write_quorum"})
         if f["format"] != FORMAT_VERSION:
             raise ValueError(f"unsupported cluster map format {f['format']!r}")
         for key in ("storage_rings", "policies"):
@@ -300,6 +362,8 @@ class ClusterMap:
             previous_epoch=int(f.get("previous_epoch", 0)),
             previous_control=(None if f.get("previous_control") is None
                               else Ring.from_dict(f["previous_control"])),
+            previous_replicas=f.get("previous_replicas", 0),
+            previous_write_quorum=f.get("previous_write_quorum", 0),
         )
         cmap.check()
         return cmap
@@ -325,6 +389,15 @@ class ClusterMap:
             raise
         except Exception as e:  # defensive: any other decoding failure is bad input
             raise ValueError(f"invalid cluster map: {e!r}") from None
+
+
+def default_quorums(control_nodes: int) -> tuple[int, int, int]:
+    """(R, W, read quorum) for a control ring of this many nodes: R = min(3, nodes),
+    W = R // 2 + 1, read = R - W + 1 (1/1/1 for one node, 2/2/1 for two, 3/2/2 for three
+    or more): any read quorum meets any write quorum."""
+    r = max(1, min(DEFAULT_REPLICAS, control_nodes))
+    w = r // 2 + 1
+    return r, w, r - w + 1
 
 
 _FIELDS = ("default_policy", "replicas", "write_quorum", "read_quorum", "inline_max_bytes")

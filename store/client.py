@@ -660,10 +660,8 @@ class Client(LoopBound):
 
         No name checks: also reads the internal namespaces (store.names.SYSTEM_BUCKETS)."""
         cmap = await self.cluster_map()
-        owners = cmap.control_nodes_for(f"{bucket}/{key}")
-        nodes = cmap.metadata_nodes_for(f"{bucket}/{key}")  # + where it was, while it moves
-        _, r = effective_quorums(cmap, len(owners))
-        needed = min(len(nodes), r + len(nodes) - len(owners))
+        # its owners, and where it was while a control ring change is being moved
+        nodes, needed = cmap.metadata_read_plan(f"{bucket}/{key}")
         return await self.meta.read(nodes, meta_path(bucket, key), needed,
                                     object_name=(bucket, key))
 
@@ -1036,8 +1034,7 @@ class Client(LoopBound):
         return await merge_listing(self.t, tuple(nodes.values()), bucket, prefix, delimiter,
                                    start_after, max_keys,
                                    allowed_failures=max(0, cmap.effective_replicas - 1),
-                                   enough=len(nodes) - max(0, cmap.effective_replicas
-                                                           - cmap.write_quorum))
+                                   enough=len(nodes) - cmap.listing_misses_allowed())
 
     async def list_all(self, bucket: str, prefix: str = "",
                        delimiter: str = "") -> AsyncIterator[ListResult]:

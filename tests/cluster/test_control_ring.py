@@ -116,3 +116,55 @@ def test_remove_a_control_node_moves_metadata_off_it(cluster: LocalCluster,
     with SyncClient(cluster.path) as c:
         c.put("meta", "after-removal", b"still writable")
         assert c.get("meta", "after-removal") == b"still writable"
+
+
+def cli_raw(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "cli.main", "--cluster", str(cluster.path),
+                           *args], cwd=ROOT, capture_output=True, timeout=300)
+
+
+def test_a_cluster_grown_from_one_control_node_keeps_three_replicas() -> None:
+    """Started with one control node (R = 1) and grown to three with `cluster add-node`:
+    the map raises R to 3 (W 2, read 2), every record reaches three nodes, and any one
+    control node can then be killed without losing a read, a listing or a write. Every
+    object reads back before each move too (readers count with the old R meanwhile).
+    Removing a control node would now leave fewer nodes than R: refused, with the way out."""
+    tmp = Path(tempfile.mkdtemp(prefix="ecstore-control-grow-"))
+    cluster = LocalCluster.create(tmp, storage=6, control=1, gateway=False)
+    cluster.start()
+    try:
+        objs = {f"k{i:03d}": os.urandom(50 + i) for i in range(40)}
+        objs["big"] = os.urandom(300_000)
+        with SyncClient(cluster.path) as c:
+            c.create_bucket("meta")
+            for k, v in objs.items():
+                c.put("meta", k, v)
+        for expect in ("c2", "c3"):
+            added = json.loads(cli(cluster, "cluster", "add-node", "--data", str(tmp),
+                                   "--role", "control", "--json").stdout)
+            assert added["id"] == expect
+            check_all(cluster, objs)     # not moved yet: reads ask where records were
+            cli(cluster, "rebalance")
+            check_all(cluster, objs)
+        shown = json.loads(cli(cluster, "ring", "show", "--json").stdout)
+        assert shown["metadata"] == {"replicas": 3, "write_quorum": 2, "read_quorum": 2}
+        assert shown["rebalance_pending"] == []
+        for k in list(objs)[:20]:
+            assert holders(cluster, k) == {"c1", "c2", "c3"}, k
+        refused = cli_raw(cluster, "cluster", "remove-node", "--data", str(tmp), "c2")
+        assert refused.returncode == 2
+        assert b"keeps 2 nodes for 3 replicas" in refused.stderr
+        assert b"Add a control node first" in refused.stderr
+        assert "c2" in LocalCluster.load(tmp).running()
+        for victim in ("c1", "c3"):      # one down at a time
+            LocalCluster.load(tmp).kill_node(victim)
+            check_all(cluster, objs)
+            with SyncClient(cluster.path) as c:
+                c.put("meta", f"while-{victim}-down", b"written")
+            objs[f"while-{victim}-down"] = b"written"
+            LocalCluster.load(tmp).start_node(victim)
+            LocalCluster.load(tmp).wait_healthy([victim])
+        check_all(cluster, objs)
+    finally:
+        LocalCluster.load(tmp).stop()
+        shutil.rmtree(tmp, ignore_errors=True)
