@@ -16,7 +16,7 @@ from placement.cluster_map import ClusterMap
 from placement.nodes import Node
 from store.client import MAP_TTL_S, Client
 from store.cluster import state_path
-from store.errors import BadRequest, NotFound, Unavailable
+from store.errors import BadRequest, EcstoreError, NotFound, Unavailable
 
 
 def ring_rows(cmap: ClusterMap) -> list[dict[str, Any]]:
@@ -86,6 +86,8 @@ async def change_ring(c: Client, op: str, a: argparse.Namespace) -> ClusterMap:
             node.check()
             if any(n.id == a.id for n in cmap.control.nodes):
                 raise BadRequest(f"node {a.id} is already in the map")
+            if not getattr(a, "force", False):
+                await _refuse_unreachable(c, node, "control")
             old, ring = cmap.control, cmap.control.add(node)[0]
         elif op == "add":
             node = Node(id=a.id, address=a.url, weight=a.weight, zone=a.zone or a.id,
@@ -93,6 +95,8 @@ async def change_ring(c: Client, op: str, a: argparse.Namespace) -> ClusterMap:
             node.check()
             if any(n.id == a.id for n in cmap.all_storage_nodes()):
                 raise BadRequest(f"node {a.id} is already in the map")
+            if not getattr(a, "force", False):
+                await _refuse_unreachable(c, node, "storage")
             try:
                 old = cmap.storage_ring(a.tier)
                 ring = old.add(node)[0]
@@ -134,6 +138,28 @@ async def change_ring(c: Client, op: str, a: argparse.Namespace) -> ClusterMap:
     err.print(f"map epoch {cmap.epoch} -> {new.epoch}"
               + (f" (not reached: {', '.join(failed)})" if failed else ""))
     return new
+
+
+async def _refuse_unreachable(c: Client, node: Node, role: str) -> None:
+    """BadRequest unless the node at `url` answers a request signed with the cluster
+    secret as `role` node `node_id`: a typo in a URL, a node not started yet or started
+    with another secret would otherwise get its share of placements, and every write
+    and rebalance move to it would fail."""
+    node_id, url = node.id, node.address
+    try:
+        reply = await c.t.request("GET", url.rstrip("/"), "/v1/status", timeout_s=5.0)
+        status = json.loads(reply.body)
+        answered = (status.get("role"), status.get("node_id"))
+    except EcstoreError as exc:
+        raise BadRequest(f"refused: {role} node {node_id} at {url} does not answer ("
+                         f"{exc.message}): start it first, with this cluster's secret; "
+                         "--force adds it anyway") from None
+    except (ValueError, AttributeError):
+        answered = (None, None)
+    if answered != (role, node_id):
+        what = f"{answered[0]} node {answered[1]}" if answered[0] else "something else"
+        raise BadRequest(f"refused: {url} answers as {what}, not as {role} node {node_id}; "
+                         "--force adds it anyway")
 
 
 def _refuse_fewer_replicas(cmap: ClusterMap, old: Any, ring: Any, node_id: str) -> None:
@@ -402,7 +428,9 @@ def register(sub: Any, with_client: Any) -> None:
     add.add_argument("--weight", type=positive, default=1.0)
     add.add_argument("--tier", default="hot")
     add.add_argument("--role", choices=["storage", "control"], default="storage")
-    add.add_argument("--force", action="store_true", help=FORCE_HELP)
+    add.add_argument("--force", action="store_true",
+                     help=FORCE_HELP + ", or although the node does not answer as this "
+                          "node with this cluster's secret")
     add.set_defaults(func=with_client(ring_command("add")))
     rm = rs.add_parser("remove", help="remove a node from its ring (then run rebalance)")
     rm.add_argument("id")

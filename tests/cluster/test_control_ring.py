@@ -153,8 +153,8 @@ def test_a_cluster_grown_from_one_control_node_keeps_three_replicas() -> None:
             assert holders(cluster, k) == {"c1", "c2", "c3"}, k
         refused = cli_raw(cluster, "cluster", "remove-node", "--data", str(tmp), "c2")
         assert refused.returncode == 2
-        assert b"keeps 2 nodes for 3 replicas" in refused.stderr
-        assert b"Add a control node first" in refused.stderr
+        said = " ".join(refused.stderr.decode().split())
+        assert "keeps 2 nodes for 3 replicas" in said and "Add a control node first" in said
         assert "c2" in LocalCluster.load(tmp).running()
         for victim in ("c1", "c3"):      # one down at a time
             LocalCluster.load(tmp).kill_node(victim)
@@ -168,3 +168,24 @@ def test_a_cluster_grown_from_one_control_node_keeps_three_replicas() -> None:
     finally:
         LocalCluster.load(tmp).stop()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_ring_add_refuses_a_node_that_does_not_answer_as_itself(cluster: LocalCluster) -> None:
+    """A typo in --url, a node not started yet, or the URL of another node: `ring add`
+    asks the node (a request signed with the cluster secret) and refuses - exit 2, the
+    map unchanged - instead of giving placements to a node every write would fail on."""
+    before = json.loads(cli(cluster, "ring", "show", "--json").stdout)["epoch"]
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]     # nothing listens there once closed
+    nowhere = cli_raw(cluster, "ring", "add", "s9", "--url", f"http://127.0.0.1:{closed}")
+    assert nowhere.returncode == 2
+    said = " ".join(nowhere.stderr.decode().split())
+    assert "storage node s9 at" in said and "does not answer" in said
+    control = next(n for n in LocalCluster.load(cluster.dir).nodes.values() if n.role == "control")
+    other = cli_raw(cluster, "ring", "add", "s9", "--url", control.url)
+    assert other.returncode == 2
+    said = " ".join(other.stderr.decode().split())     # rich wraps at 80 columns
+    assert f"answers as control node {control.id}, not as storage node s9" in said
+    assert json.loads(cli(cluster, "ring", "show", "--json").stdout)["epoch"] == before
