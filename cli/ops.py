@@ -195,8 +195,10 @@ async def passes_until_still(c: Client, run_pass: Callable[[int], Awaitable[Any]
     already run), until one finds nothing to move, at most DRAIN_PASSES in all. Each waits
     until every writer holds the current map first (writers with a map up to MAP_TTL_S
     old may have placed fragments the old way meanwhile). A pass that failed ends them
-    unless `retry_failed`. True if the last moved and failed nothing and the map then
-    dropped the previous placement (settle_storage)."""
+    unless `retry_failed`. True if the last moved and failed nothing, was complete (no
+    fragment found nowhere while a node did not answer its listing: it may hold them at
+    the previous placement) and the map then dropped the previous placement
+    (settle_storage)."""
     while len(reports) < DRAIN_PASSES:
         if reports and (not reports[-1].failed and not reports[-1].moved
                         or reports[-1].failed and not retry_failed):
@@ -204,7 +206,8 @@ async def passes_until_still(c: Client, run_pass: Callable[[int], Awaitable[Any]
         await asyncio.sleep(MAP_TTL_S + 0.5)
         reports.append(await run_pass(len(reports) + 1))
     last = reports[-1]
-    return not last.moved and not last.failed and await settle_storage(c)
+    return (not last.moved and not last.failed and not last.incomplete
+            and await settle_storage(c))
 
 
 def _asks_nothing(ring: Any, op: str, a: argparse.Namespace) -> bool:
@@ -264,6 +267,7 @@ async def cmd_rebalance(c: Client, a: argparse.Namespace) -> int:
         for field in ("moved", "bytes_moved", "skipped", "failed"):
             rep[field] += getattr(more, field)
         rep["errors"] += more.errors
+    rep["unlisted"] = reports[-1].unlisted
     rep["passes"] = len(reports)
     rep["settled"] = settled
     rep["metadata"] = (await finish_metadata_move(c, a.dry_run)).to_dict()
@@ -277,7 +281,21 @@ async def cmd_rebalance(c: Client, a: argparse.Namespace) -> int:
                      + [("bytes moved", human(rep["bytes_moved"])),
                         ("metadata records moved", md["copied"]),
                         ("metadata failed", md["failed"])], rep["errors"])
+    if reports[-1].incomplete and not a.dry_run:
+        err.print(f"not settled: {unlisted_note(reports[-1])}; the map keeps the previous "
+                  "placement, where readers still look. Start them and run `ecstore "
+                  "rebalance` again; for a node gone for good, `ecstore repair` rebuilds "
+                  "what it held and the next rebalance settles", highlight=False)
+        return 1
     return 1 if rep["failed"] or rep["metadata"]["failed"] else 0
+
+
+def unlisted_note(report: Any) -> str:
+    """What an incomplete pass could not see, in a sentence."""
+    names = ", ".join(report.unlisted)
+    return (f"storage node{'s' if len(report.unlisted) > 1 else ''} {names} did not answer "
+            f"{'their' if len(report.unlisted) > 1 else 'its'} listing and {report.skipped} "
+            "fragments were found on no other node: they may be there")
 
 
 async def finish_metadata_move(c: Client, dry_run: bool) -> Any:
@@ -346,8 +364,10 @@ def cmd_remove_node(a: argparse.Namespace) -> int:
         raise NotFound(f"no node {a.id} in {cluster.path}")
 
     summary: dict[str, Any] = {"id": a.id}
+    show = err.is_terminal and not a.json
 
-    async def drain() -> int:
+    async def drain() -> str:
+        """Why the node could not be drained, or "" once it is."""
         c = Client(ClusterInfo.load(cluster.path))
         try:
             cmap = await c.cluster_map(refresh=True)
@@ -356,7 +376,8 @@ def cmd_remove_node(a: argparse.Namespace) -> int:
                 await asyncio.sleep(MAP_TTL_S + 0.5)  # every client writes to the new ring
                 report = await finish_metadata_move(c, False)
                 summary.update(role="control", metadata=report.to_dict())
-                return int(report.failed)
+                return (f"{report.failed} metadata records could not be moved off {a.id}"
+                        if report.failed else "")
             if any(n.id == a.id for n in cmap.all_storage_nodes()):
                 await change_ring(c, "remove", argparse.Namespace(id=a.id))
 
@@ -364,23 +385,38 @@ def cmd_remove_node(a: argparse.Namespace) -> int:
                 w = await prepare_rebalance(c)
                 total = w.remaining
                 while await w.step():
-                    err.print(f"\rdraining {a.id} (pass {n}): {total - w.remaining}/"
-                              f"{total} objects, {w.report.moved} fragments moved", end="")
-                err.print("")
+                    if show:
+                        err.print(f"\rdraining {a.id} (pass {n}): {total - w.remaining}/"
+                                  f"{total} objects, {w.report.moved} fragments moved", end="")
+                if show:
+                    err.print("")
                 return w.report
             reports: list[Any] = []
             await passes_until_still(c, drain_pass, reports, retry_failed=True)
+            last = reports[-1]
             summary.update(role="storage", passes=len(reports),
                            moved=sum(r.moved for r in reports),
                            bytes_moved=sum(r.bytes_moved for r in reports),
-                           failed=reports[-1].failed)
-            return int(reports[-1].failed)
+                           failed=last.failed, skipped=last.skipped, unlisted=last.unlisted,
+                           errors=last.errors[:20])
+            for e in last.errors[:20]:
+                err.print(f"[yellow]warning:[/] {e}", highlight=False)
+            if last.failed:
+                return f"{last.failed} fragments could not be moved off {a.id}"
+            if last.incomplete:
+                return unlisted_note(last)
+            return ""
         finally:
             await c.close()
-    failed = asyncio.run(drain())
-    if failed:    # a cluster failure (exit 1), not a mistake in the request
-        raise Unavailable(f"{failed} fragments could not be moved off {a.id}; it keeps "
-                          "running: fix the cause and run the command again")
+    problem = asyncio.run(drain())
+    if problem:    # a cluster failure (exit 1), not a mistake in the request
+        if a.json:
+            print(json.dumps({**summary, "drained": False}, indent=2))
+        raise Unavailable(f"{problem}; {a.id} is out of the map, not stopped and still in "
+                          "cluster.json: fix the cause (start the nodes that are down: `ecstore "
+                          "cluster up`) and run the command again; for a node gone for good, "
+                          "`ecstore repair` rebuilds what it held, then run it again")
+    summary["drained"] = True
     cluster.forget_node(a.id)
     err.print(f"drained and stopped {a.id}")
     if a.json:

@@ -64,9 +64,17 @@ class RebalanceReport(WorkReport):
     failed: int = 0
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    unlisted: list[str] = field(default_factory=list)   # storage nodes that did not answer
 
     def to_dict(self) -> dict[str, Any]:
         return {**super().to_dict(), "moved_mb_s": self.mb_s(self.bytes_moved)}
+
+    @property
+    def incomplete(self) -> bool:
+        """Some fragments were found on no node while some node did not answer its
+        listing: they may be on that node, at the previous placement - which the map
+        must keep until they are moved (or rebuilt by repair), or readers lose them."""
+        return bool(self.unlisted and self.skipped)
 
 
 class RebalanceWorker:
@@ -138,4 +146,5 @@ async def prepare_rebalance(c: Client, dry_run: bool = False, rate_mb_s: float =
     listings, errors = await all_listings(c, nodes.values())
     worker = RebalanceWorker(c, cmap, listings, nodes, records, dry_run, rate_mb_s, state_path)
     worker.report.errors += errors
+    worker.report.unlisted = sorted(n for n in nodes if n not in listings)
     return worker
