@@ -12,6 +12,7 @@ import asyncio
 import builtins
 import contextlib
 import functools
+import inspect
 import json
 import os
 import secrets
@@ -32,7 +33,16 @@ from store.cluster import ClusterInfo
 from store.crc import crc32
 from store.digest import digest
 from store.digest import matches as digest_matches
-from store.errors import BadRequest, Conflict, Corrupt, EcstoreError, NotFound, Unavailable, Unreachable
+from store.errors import (
+    BadRequest,
+    ClientClosed,
+    Conflict,
+    Corrupt,
+    EcstoreError,
+    NotFound,
+    Unavailable,
+    Unreachable,
+)
 from store.listing import ListResult, merge_listing
 from store.metadata import MetaQuorum, effective_quorums, first_answers
 from store.names import SYSTEM_BUCKETS, check_bucket_name, check_key
@@ -1246,12 +1256,22 @@ class SyncClient:
         self.client = Client.connect(cluster, **cache)
 
     def _run(self, coro: Awaitable[T]) -> T:
+        if self._loop.is_closed():
+            if inspect.iscoroutine(coro):
+                coro.close()    # never awaited: no "coroutine was never awaited" warning
+            raise ClientClosed("this SyncClient is closed: make a new one")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()  # type: ignore[arg-type]
 
     def close(self) -> None:
-        self._run(self.client.close())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
+        """Close the client and stop its loop thread; a second call does nothing."""
+        if self._loop.is_closed():
+            return
+        try:
+            self._run(self.client.close())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
 
     def __enter__(self) -> "SyncClient":
         return self
@@ -1275,8 +1295,9 @@ class SyncClient:
             end: int | None = None) -> bytes:
         return self._run(self.client.get(bucket, key, start, end))
 
-    def get_stream(self, bucket: str, key: str) -> Iterator[bytes | memoryview]:
-        agen = self.client.get_stream(bucket, key)
+    def get_stream(self, bucket: str, key: str, start: int | None = None,
+                   end: int | None = None) -> Iterator[bytes | memoryview]:
+        agen = self.client.get_stream(bucket, key, start, end)
         while True:
             try:
                 yield self._run(anext(agen))  # type: ignore[arg-type]

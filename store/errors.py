@@ -78,6 +78,11 @@ class WrongEventLoop(EcstoreError, RuntimeError):
     its connections (client side only: a mistake in the caller's code)."""
 
 
+class ClientClosed(EcstoreError, RuntimeError):
+    """A SyncClient used after close() (client side only: a mistake in the caller's
+    code; its loop thread is gone, so the call could never finish)."""
+
+
 ERRORS_BY_CODE: dict[str, type[EcstoreError]] = {
     cls.code: cls
     for cls in (BadRequest, Unauthorized, Forbidden, NotFound, Conflict, TooLarge,

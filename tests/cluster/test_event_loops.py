@@ -131,3 +131,32 @@ def test_two_running_loops_at_once_get_a_clear_error(cluster: LocalCluster) -> N
     asyncio.run(c.put("loops3", "after", b"a"))
     assert asyncio.run(c.get("loops3", "after")) == b"a"
     asyncio.run(c.close())
+
+
+def test_a_closed_sync_client_says_so_instead_of_hanging(cluster: LocalCluster) -> None:
+    """close() twice (or `with` around an explicit close) does nothing the second time, and
+    a call after close raises ClientClosed at once - its loop thread is gone, and waiting
+    on it hung forever. Run in a thread with a deadline, so a hang fails the test."""
+    from store.client import SyncClient
+    from store.errors import ClientClosed
+    outcome: list[object] = []
+
+    def script() -> None:
+        with SyncClient(cluster.path) as c:
+            c.create_bucket("closed1")
+            c.put("closed1", "k", b"v" * 10)
+            assert b"".join(c.get_stream("closed1", "k", 2, 4)) == b"vvv"
+            c.close()
+            c.close()
+            try:
+                c.get("closed1", "k")
+            except ClientClosed as exc:
+                outcome.append(exc)
+        outcome.append("exited")
+
+    t = threading.Thread(target=script, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "SyncClient hung after close"
+    assert len(outcome) == 2 and isinstance(outcome[0], ClientClosed), outcome
+    assert "closed" in str(outcome[0])
