@@ -161,7 +161,7 @@ class MetaDB:
         by its first live key on this node; the client checks across nodes that it is
         the newest version (store/listing.py)."""
         it = self.db.iter()
-        start = max(prefix, after + b"\0") if after else prefix
+        start = max(prefix, listing.scan_from(after)) if after else prefix
         it.seek(start)
         summaries = SummaryCursor(self.db, start)
         out: list[list[Any]] = []
@@ -187,7 +187,7 @@ class MetaDB:
             cut = k.find(delimiter, cut_from) if delimiter else -1
             if cut >= 0 and not row[DELETED]:
                 resume = k[:cut + len(delimiter)] + PAST_PREFIX
-                it.seek(resume + b"\0")
+                it.seek(listing.scan_from(resume))      # past every key under the prefix
                 continue
             it.next()
         return out, False, resume

@@ -45,7 +45,7 @@ from store.errors import (
 )
 from store.listing import ListResult, merge_listing
 from store.metadata import MetaQuorum, effective_quorums, first_answers
-from store.names import SYSTEM_BUCKETS, check_bucket_name, check_key
+from store.names import SYSTEM_BUCKETS, check_bucket_name, check_key, check_new_key
 from store.striping import Extent, extent_slices, fragment_id, plan_fetches, record_extents, resolve_range
 from store.transport import LoopBound, Transport, operation, quote_key, retrieved, traced_stream
 from store.wire import (
@@ -403,7 +403,7 @@ class Client(LoopBound):
         Linux 6.14+, else as usual); as durable either way, and a read caches them.
         Raises NotFound (no bucket), BadRequest, Unavailable (too few nodes).
         """
-        check_key(key)
+        check_new_key(key)
         meta = dict(meta or {})
         if len(pack(meta)) > MAX_USER_META_BYTES:
             raise BadRequest(f"user metadata larger than {MAX_USER_META_BYTES} bytes")

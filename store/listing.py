@@ -22,7 +22,20 @@ from store.wire import unpack
 
 PAGE_LIMIT = 1000   # records one node sends per request, at most (+1, see node_limit)
 MAX_ROLLED_DELIMITER_BYTES = 1024   # what a control node takes (a longer one is in no key)
-PAST_PREFIX = "\U0010ffff"  # sorts after any key character, in UTF-8 bytes too
+# A listing position that ends in PAST_PREFIX ("resume after cp + PAST_PREFIX", where a
+# page ended at a common prefix cp) means past every key under cp: scan_from seeks to
+# cp + b"\xff", which sorts after any UTF-8. U+10FFFF is a Unicode noncharacter, which
+# no new key may hold (store.names.check_key); a key written before that rule that holds
+# it is still listed (keys under it are passed by the seek, not found again and again).
+PAST_PREFIX = "\U0010ffff"
+_PAST_BYTES = PAST_PREFIX.encode()
+
+
+def scan_from(after: bytes) -> bytes:
+    """The first key a scan that resumes after `after` may return (UTF-8 bytes)."""
+    if after.endswith(_PAST_BYTES):
+        return after[:-len(_PAST_BYTES)] + b"\xff"
+    return after + b"\0"
 # a control node's listed row (GET /v1/list/{bucket}?rows=1): these fields, in this order;
 # the merge below works on such rows (lists), by these indexes
 # (fields are only ever appended - storage_class came later: a node of an older version

@@ -22,7 +22,7 @@ from typing import Any
 
 from store.client import Client, Source, new_version_id
 from store.errors import BadRequest, NotFound
-from store.names import PARTS_BUCKET, UPLOADS_BUCKET, check_bucket_name, check_key
+from store.names import PARTS_BUCKET, UPLOADS_BUCKET, check_bucket_name, check_new_key
 
 MIN_PART_BYTES = 5 * 1024 * 1024      # every part but the last (S3's rule)
 MAX_PART_NUMBER = 10_000
@@ -90,7 +90,7 @@ async def create_upload(c: Client, bucket: str, key: str, *, content_type: str,
     """Start an upload; `fields` (owner, acl, headers, storage_class) go into the final
     record; `policy` (else the bucket's default, as Client.put) is its parts'; `cache=False`
     has its parts written uncached (Client.put's). Returns its id."""
-    check_key(key)
+    check_new_key(key)
     brec = await c.bucket_record(bucket)
     cmap = await c.cluster_map()
     pol = c.policy_of(cmap, policy or brec.get("policy"))

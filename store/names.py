@@ -45,3 +45,14 @@ def check_key(key: str) -> str:
     if "\0" in key:
         raise BadRequest("object key must not contain NUL")
     return key
+
+
+def check_new_key(key: str) -> str:
+    """check_key, for a key a put or upload creates: also no U+10FFFF (a noncharacter;
+    listings use it as the end of a common prefix, store.listing.PAST_PREFIX). Keys
+    written before this rule still read, list and delete."""
+    check_key(key)
+    if "\U0010ffff" in key:
+        raise BadRequest("object key must not contain U+10FFFF (a Unicode noncharacter, "
+                         "reserved by ecstore's listings)")
+    return key

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+import threading
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -260,3 +261,51 @@ def test_the_storage_class_is_listed_from_summaries_records_and_older_nodes(
                           "record": 3 * (len(written) - from_summary)}
         assert entries(DBTransport(t.dbs, maps=True)) == want
         assert entries(OldRows(t.dbs)) == dict.fromkeys(written)
+
+
+def test_keys_holding_u10ffff_list_once_and_the_listing_ends(tmp_path: Path) -> None:
+    """U+10FFFF marks the end of a common prefix in a listing position; a key that holds it
+    (written before check_new_key refused such keys) made the control node find the same
+    key again after every seek past its prefix, and the listing never ended. Every page
+    size, rolled or not: the model's answer, in a bounded number of pages."""
+    from store.errors import BadRequest
+    from store.names import check_new_key
+
+    keys = ["a/\U0010ffffz", "a/\U0010ffff/q", "a/b", "\U0010ffff/x", "\U0010ffffy", "c",
+            "c/\U0010ffff"]
+    failures: list[object] = []
+
+    def every_way(t: Transport) -> None:
+        try:
+            for page_limit in (1, 2, 3, 1000):
+                listing.PAGE_LIMIT = page_limit
+                for prefix, delimiter in (("", "/"), ("a/", "/"), ("", ""), ("a/", ""),
+                                          ("", "\U0010ffff")):
+                    for max_keys in (1, 2, 1000):
+                        for rolled in (True, False):
+                            got = walk(t, prefix, delimiter, max_keys, rolled)
+                            want = model(sorted(keys), prefix, delimiter, "", 10**9)[:2]
+                            if got != want:
+                                failures.append((page_limit, prefix, delimiter, max_keys,
+                                                 rolled, got, want))
+        except BaseException as exc:    # reported below, not lost in the thread
+            failures.append(exc)
+
+    with replicas(tmp_path) as (dbs, t):
+        for db in dbs:
+            db.write({object_key(BUCKET, k): rec(1, False) for k in keys}, sync=False)
+        old = listing.PAGE_LIMIT
+        worker = threading.Thread(target=every_way, args=(t,), daemon=True)
+        try:
+            worker.start()
+            worker.join(120)     # the bug was a listing that never ends: fail, not hang
+            assert not worker.is_alive(), "a listing did not end"
+        finally:
+            listing.PAGE_LIMIT = old
+    assert failures == []
+    try:
+        check_new_key("new/\U0010ffff")
+    except BadRequest as exc:
+        assert "U+10FFFF" in exc.message
+    else:
+        raise AssertionError("a new key holding U+10FFFF was taken")
