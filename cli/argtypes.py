@@ -25,6 +25,13 @@ def non_negative(text: str) -> float:
     return value
 
 
+def count(text: str) -> int:
+    """A whole number >= 1 (how many entries to show)."""
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return int(text)
+
+
 def positive(text: str) -> float:
     """A finite number > 0 (an interval, a window, a weight, a timeout)."""
     value = _number(text)

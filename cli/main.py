@@ -6,18 +6,19 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 
-from cli.argtypes import non_negative
+from cli.argtypes import count, non_negative
 from store.client import Client, ObjectInfo, new_version_id
 from store.cluster import ClusterInfo
 from store.errors import BadRequest, EcstoreError, Unavailable
@@ -171,6 +172,8 @@ def with_client(fn: Callable[[Client, argparse.Namespace], Awaitable[int]],
                         raise
                     err.print(f"error: {exc.message} - every control node is down or "
                               "unreachable", highlight=False)
+                    if getattr(a, "json", False):   # a script still gets JSON
+                        print(json.dumps({"epoch": None, "nodes": [], "error": exc.message}))
                     return no_map_exit
                 return await fn(c, a)
             finally:
@@ -182,9 +185,10 @@ def with_client(fn: Callable[[Client, argparse.Namespace], Awaitable[int]],
 async def cmd_status(c: Client, a: argparse.Namespace) -> int:
     rows = await c.node_status()
     cmap = await c.cluster_map()
+    down = 0 if all(r["up"] for r in rows) else 3
     if a.json:
         print(json.dumps({"epoch": cmap.epoch, "nodes": rows}, indent=2))
-        return 0
+        return down
     t = Table(title=f"ecstore cluster, map epoch {cmap.epoch}", box=None)
     for col in ("node", "role", "zone", "tier", "state", "fragments", "bytes", "disk free", "epoch"):
         t.add_column(col, no_wrap=True,
@@ -196,7 +200,7 @@ async def cmd_status(c: Client, a: argparse.Namespace) -> int:
                   human(r.get("bytes", r.get("db_bytes"))), human(r.get("disk_free_bytes")),
                   str(r.get("epoch", "")))
     out.print(t)
-    return 0 if all(r["up"] for r in rows) else 3
+    return down
 
 
 async def cmd_scrub(c: Client, a: argparse.Namespace) -> int:
@@ -302,19 +306,24 @@ async def cmd_put(c: Client, a: argparse.Namespace) -> int:
     return 0
 
 
+class LocalFailure(EcstoreError):
+    """A local file could not be written (a full disk, an I/O error): exit 1."""
+
+
 async def cmd_get(c: Client, a: argparse.Namespace) -> int:
     bucket, key = split_path(a.path)
-    start, end = parse_range(a.range) if a.range else (None, None)
+    start, end = parse_range(a.range) if a.range is not None else (None, None)
     if a.file == "-":
         async for part in c.get_stream(bucket, key, start, end):
             sys.stdout.buffer.write(part)
         sys.stdout.buffer.flush()
         return 0
+    target = output_path(a.file, key)
     info = await c.head(bucket, key)
-    tmp = Path(a.file + ".ecstore-partial")
+    tmp = target.with_name(target.name + ".ecstore-partial")
     progress = _progress() if info.size >= PROGRESS_MIN_BYTES and err.is_terminal else None
     try:
-        with open(tmp, "wb") as f:
+        with open_for_writing(tmp) as f:
             if progress is not None:
                 progress.start()
                 task = progress.add_task(f"get {key}", total=info.size)
@@ -326,22 +335,53 @@ async def cmd_get(c: Client, a: argparse.Namespace) -> int:
             finally:
                 if progress is not None:
                     progress.stop()
-    except BaseException:
+        os.replace(tmp, target)
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)     # no half file left behind
+        if isinstance(exc, OSError):
+            raise LocalFailure(f"cannot write {target}: {exc.strerror or exc}") from None
         raise
-    os.replace(tmp, a.file)
     return 0
 
 
-def parse_range(text: str) -> tuple[int | None, int | None]:
-    """'A-B', 'A-' or '-N' (last N bytes), inclusive like HTTP."""
-    lo, sep, hi = text.partition("-")
+def output_path(file: str, key: str) -> Path:
+    """Where `get` writes: FILE, or FILE/<the key's last name> when FILE is a directory
+    (as cp does); BadRequest when that cannot be written."""
+    target = Path(file)
+    if target.is_dir():
+        name = key.rstrip("/").rpartition("/")[2]
+        if not name or name in (".", ".."):
+            raise BadRequest(f"{file} is a directory and {key!r} names no file in it: "
+                             "give a file name")
+        target = target / name
+        if target.is_dir():
+            raise BadRequest(f"{target} is a directory: give a file name")
+    if not target.parent.is_dir():
+        raise BadRequest(f"cannot write {file}: directory {target.parent} does not exist")
+    return target
+
+
+def open_for_writing(path: Path) -> BinaryIO:
     try:
-        if not sep:
-            raise ValueError
-        return (int(lo) if lo else None), (int(hi) if hi else None)
-    except ValueError:
-        raise BadRequest(f"range must look like A-B, A- or -N, got {text!r}") from None
+        return open(path, "wb")
+    except OSError as exc:
+        raise BadRequest(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+RANGE_RE = re.compile(r"([0-9]+)-([0-9]*)|-([0-9]+)", re.ASCII)
+
+
+def parse_range(text: str) -> tuple[int | None, int | None]:
+    """'A-B', 'A-' or '-N' (last N bytes), inclusive like HTTP; ASCII digits only."""
+    m = RANGE_RE.fullmatch(text)
+    if m is None:
+        raise BadRequest(f"range must look like A-B, A- or -N (bytes, inclusive), got {text!r}")
+    if m[3] is not None:
+        return None, int(m[3])
+    start, end = int(m[1]), (int(m[2]) if m[2] else None)
+    if end is not None and end < start:
+        raise BadRequest(f"range {text}: the end is before the start")
+    return start, end
 
 
 async def cmd_head(c: Client, a: argparse.Namespace) -> int:
@@ -377,16 +417,16 @@ async def cmd_ls(c: Client, a: argparse.Namespace) -> int:
     delimiter = "" if a.recursive else "/"
     objects, prefixes, count = [], [], 0
     async for page in c.list_all(bucket, prefix, delimiter):
-        for p in page.common_prefixes:
-            prefixes.append(p)
-        for o in page.objects:
-            objects.append(o)
-        count += len(page.objects) + len(page.common_prefixes)
+        # the first --max-keys entries in key order, prefixes and objects alike
+        entries = sorted([(p, None) for p in page.common_prefixes]
+                         + [(o.key, o) for o in page.objects], key=lambda e: e[0])
+        if a.max_keys:
+            entries = entries[:a.max_keys - count]
+        prefixes += [name for name, o in entries if o is None]
+        objects += [o for _, o in entries if o is not None]
+        count += len(entries)
         if a.max_keys and count >= a.max_keys:
             break
-    if a.max_keys:      # pages hold up to 1,000 entries: no more than asked for
-        prefixes = prefixes[:a.max_keys]
-        objects = objects[:max(0, a.max_keys - len(prefixes))]
     if a.json:
         print(json.dumps({"prefixes": prefixes, "objects": [
             {"key": o.key, "size": o.size, "version_id": o.version_id, "ts": o.ts}
@@ -580,7 +620,7 @@ def parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("ls", help="list buckets, or keys under BUCKET[/PREFIX]")
     ls.add_argument("path", nargs="?", metavar="BUCKET[/PREFIX]")
     ls.add_argument("-r", "--recursive", action="store_true", help="no '/' grouping")
-    ls.add_argument("--max-keys", type=int, default=0)
+    ls.add_argument("--max-keys", type=count, default=0, help="show at most this many entries")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=with_client(cmd_ls))
     rm = sub.add_parser("rm", help="delete BUCKET/KEY")

@@ -562,7 +562,7 @@ class Client(LoopBound):
                     late = list(attempts.items())
                     attempts.clear()
                     for task, (i, node) in late:
-                        task.cancel()
+                        _drop(task)
                         self._mark_suspect(node)
                         next_node(i, "too slow", node)
                     deadline = time.monotonic() + self._straggler_grace(start)
@@ -583,7 +583,7 @@ class Client(LoopBound):
                     deadline = time.monotonic() + self._straggler_grace(start)
         finally:
             for task in attempts:
-                task.cancel()
+                _drop(task)
         if lost:
             raise Unavailable(f"segment {seg} of {vid}: fragment {lost[0]} could not be "
                               f"written to any node", tried=len(errors), failed=len(errors),
@@ -1137,6 +1137,14 @@ def fragment_intact(pieces: Sequence[bytes | bytearray | memoryview],
 
 async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
     return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
+def _drop(task: asyncio.Future[Any]) -> None:
+    """Cancel a fragment put nobody waits for any more, and take its outcome when it ends:
+    one that failed meanwhile (a node down, while another fragment had lost its last
+    node) is an error already dealt with, not "Task exception was never retrieved"."""
+    task.cancel()
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 def _segment_done(slot: _Slot, task: asyncio.Future[None]) -> None:

@@ -42,6 +42,11 @@ def read_cluster_file(p: Path, missing: str) -> Any:
         return json.loads(p.read_text())
     except FileNotFoundError:
         raise BadRequest(missing) from None
+    except IsADirectoryError:
+        raise BadRequest(f"cluster file {p} is a directory: give the cluster.json in it "
+                         f"({p / 'cluster.json'})") from None
+    except OSError as exc:
+        raise BadRequest(f"cannot read cluster file {p}: {exc.strerror or exc}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadRequest(f"cluster file {p} is not valid JSON: {exc}") from None
 
@@ -68,7 +73,12 @@ class ClusterInfo:
         data = read_cluster_file(p, f"no cluster file at {p}: start one with `ecstore "
                                     "cluster up`, or pass --cluster PATH / set ECSTORE_CLUSTER")
         try:
-            return ClusterInfo(tuple(data["control"]), data["secret"],
-                               tuple(data.get("nodes", ())), data)
-        except (KeyError, TypeError):
+            control, secret = data["control"], data["secret"]
+            nodes = tuple(data.get("nodes", ()))
+        except (KeyError, TypeError, AttributeError):
             raise BadRequest(f"cluster file {p} lacks 'control' or 'secret'") from None
+        if (not isinstance(control, list) or not all(isinstance(u, str) for u in control)
+                or not isinstance(secret, str)):
+            raise BadRequest(f"cluster file {p}: 'control' must be a list of URLs and "
+                             "'secret' a string")
+        return ClusterInfo(tuple(control), secret, nodes, data)

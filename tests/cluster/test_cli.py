@@ -166,6 +166,61 @@ def test_numbers_a_command_cannot_use_are_refused_before_it_runs(workdir: Path) 
     assert {n["id"]: n["weight"] for n in ring["nodes"]}["s1"] == 1.0
 
 
+def test_get_into_a_directory_writes_the_file_in_it_and_a_missing_one_is_a_message(
+        workdir: Path) -> None:
+    """`get B/K DIR` writes DIR/<the key's last name> (as cp does); a directory that does
+    not exist is a one-line error, exit 2 - not a traceback - and no partial file stays."""
+    ecstore("mb", "cli-get", cwd=workdir)
+    ecstore("put", "cli-get/deep/obj.bin", "-", stdin=b"payload", cwd=workdir)
+    (workdir / "outdir").mkdir()
+    ecstore("get", "cli-get/deep/obj.bin", "outdir", cwd=workdir)
+    assert (workdir / "outdir" / "obj.bin").read_bytes() == b"payload"
+    ecstore("get", "cli-get/deep/obj.bin", ".", cwd=workdir)
+    assert (workdir / "obj.bin").read_bytes() == b"payload"
+    proc = ecstore("get", "cli-get/deep/obj.bin", "missing/x.bin", cwd=workdir, ok=False)
+    assert proc.returncode == 2 and b"Traceback" not in proc.stderr, proc.stderr
+    assert b"does not exist" in proc.stderr
+    assert not list(workdir.glob("**/*.ecstore-partial"))
+
+
+def test_a_cluster_path_that_is_a_directory_or_holds_wrong_types_is_a_message(
+        workdir: Path) -> None:
+    bad = workdir / "bad-types.json"
+    bad.write_text(json.dumps({"control": "http://127.0.0.1:1", "secret": 5}))
+    for args, env in ((["--cluster", str(workdir / ".ecstore"), "ls"], {}),
+                      (["ls"], {"ECSTORE_CLUSTER": str(workdir / ".ecstore")}),
+                      (["--cluster", str(bad), "ls"], {})):
+        proc = subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=workdir,
+                              capture_output=True, timeout=60,
+                              env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+        assert proc.returncode == 2 and b"Traceback" not in proc.stderr, (args, proc.stderr)
+        said = " ".join(proc.stderr.decode().split())
+        assert "is a directory" in said or "must be a list of URLs" in said, said
+
+
+def test_ls_max_keys_takes_the_first_entries_in_key_order_and_refuses_nonsense(
+        workdir: Path) -> None:
+    ecstore("mb", "order", cwd=workdir)
+    for key in ("a/x", "b", "c/y"):
+        ecstore("put", f"order/{key}", "-", stdin=b"x", cwd=workdir)
+    two = json.loads(ecstore("ls", "order", "--max-keys", "2", "--json", cwd=workdir).stdout)
+    assert (two["prefixes"], [o["key"] for o in two["objects"]]) == (["a/"], ["b"])
+    for n in ("0", "-1", "x", "1.5"):
+        proc = ecstore("ls", "order", "--max-keys", n, cwd=workdir, ok=False)
+        assert proc.returncode == 2 and b"expected a whole number" in proc.stderr, (n, proc.stderr)
+
+
+def test_ranges_other_than_a_b_a_or_n_are_refused(workdir: Path) -> None:
+    ecstore("put", "order/r", "-", stdin=b"0123456789", cwd=workdir)
+    assert ecstore("get", "order/r", "-", "--range", "2-4", cwd=workdir).stdout == b"234"
+    assert ecstore("get", "order/r", "-", "--range", "-3", cwd=workdir).stdout == b"789"
+    assert ecstore("get", "order/r", "-", "--range", "7-", cwd=workdir).stdout == b"789"
+    for r in ("-", "", "1_0-20", "+1-+2", "\u0663-\u0664", "5-3", "--5", "1-2-3"):
+        proc = ecstore("get", "order/r", "-", f"--range={r}", cwd=workdir, ok=False)
+        assert proc.returncode == 2 and b"Traceback" not in proc.stderr, (r, proc.stderr)
+        assert b"range" in proc.stderr and proc.stdout == b"", (r, proc.stderr)
+
+
 # the last tests stop nodes of the module's cluster
 def test_a_failed_get_leaves_no_partial_file(workdir: Path) -> None:
     from cli.localcluster import LocalCluster
@@ -179,6 +234,9 @@ def test_a_failed_get_leaves_no_partial_file(workdir: Path) -> None:
     assert proc.returncode == 1 and b"Traceback" not in proc.stderr, proc.stderr
     assert not (workdir / "got.bin").exists()
     assert not (workdir / "got.bin.ecstore-partial").exists()
+    proc = ecstore("status", "--json", cwd=workdir, ok=False)     # three nodes down
+    assert proc.returncode == 3, proc.stderr
+    assert sum(not n["up"] for n in json.loads(proc.stdout)["nodes"]) == 3
 
 
 def test_status_exits_3_when_no_control_node_answers(workdir: Path) -> None:
@@ -187,6 +245,9 @@ def test_status_exits_3_when_no_control_node_answers(workdir: Path) -> None:
     proc = ecstore("status", cwd=workdir, ok=False)
     assert proc.returncode == 3, proc.stderr
     assert b"control node" in proc.stderr and b"Traceback" not in proc.stderr
+    proc = ecstore("status", "--json", cwd=workdir, ok=False)   # a script gets JSON too
+    assert proc.returncode == 3, proc.stderr
+    assert json.loads(proc.stdout)["nodes"] == [] and json.loads(proc.stdout)["error"]
 
 
 def test_a_foreground_cluster_reports_a_dead_node_and_ctrl_c_stops_the_nodes_added_since(
