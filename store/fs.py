@@ -419,9 +419,14 @@ class ECStoreFileSystem(AsyncFileSystem):  # type: ignore[misc]
         await self._put_object(rpath, chunks(), md5, **kwargs)
 
     async def _cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
-        """Copy through this process, a segment at a time (bounded memory)."""
+        """Copy through this process, a segment at a time (bounded memory). A directory
+        (what a recursive cp or mv lists beside the files) has nothing to copy: directories
+        are the keys' prefixes, so the files copied under path2 make it."""
         path1, path2 = self._strip_protocol(path1), self._strip_protocol(path2)
-        rec = await self._record(path1)
+        try:
+            rec = await self._record(path1)
+        except IsADirectoryError:
+            return
         bucket, key = split_path(path1)
         c = await self._client()
         md5 = hashlib.md5()

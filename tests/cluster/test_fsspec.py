@@ -414,6 +414,12 @@ def test_put_get_and_copy_through_local_files(fs: ECStoreFileSystem, tmp_path: P
     assert fs.cat(f"{BUCKET}/tree-up/copy.bin") == (src / "d" / "one.bin").read_bytes()
     fs.mv(f"{BUCKET}/tree-up/two.txt", f"{BUCKET}/tree-up/moved.txt")
     assert fs.cat(f"{BUCKET}/tree-up/moved.txt") == b"two" and not fs.exists(f"{BUCKET}/tree-up/two.txt")
+    # a whole tree: the directories fsspec lists beside the files have nothing to copy
+    fs.cp(f"{BUCKET}/tree-up/d", f"{BUCKET}/tree-cp", recursive=True)
+    assert fs.cat(f"{BUCKET}/tree-cp/one.bin") == (src / "d" / "one.bin").read_bytes()
+    fs.mv(f"{BUCKET}/tree-cp", f"{BUCKET}/tree-mv", recursive=True)
+    assert fs.find(f"{BUCKET}/tree-mv") == [f"{BUCKET}/tree-mv/one.bin"]
+    assert not fs.exists(f"{BUCKET}/tree-cp")
 
 
 # ---- processes ----------------------------------------------------------------------------------
