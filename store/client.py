@@ -405,7 +405,7 @@ class Client(LoopBound):
         """
         check_new_key(key)
         meta = dict(meta or {})
-        if len(pack(meta)) > MAX_USER_META_BYTES:
+        if user_meta_bytes(meta) > MAX_USER_META_BYTES:
             raise BadRequest(f"user metadata larger than {MAX_USER_META_BYTES} bytes")
         brec = await self._require_bucket(bucket)
         cmap = await self.cluster_map()
@@ -1137,6 +1137,17 @@ def fragment_intact(pieces: Sequence[bytes | bytearray | memoryview],
 
 async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
     return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
+def user_meta_bytes(meta: Mapping[str, Any]) -> int:
+    """The size of user metadata as S3 counts it against its 2 KB: the UTF-8 bytes of every
+    name and value. BadRequest unless both are strings."""
+    total = 0
+    for k, v in meta.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise BadRequest("user metadata names and values must be strings")
+        total += len(k.encode("utf-8", "surrogatepass")) + len(v.encode("utf-8", "surrogatepass"))
+    return total
 
 
 def _drop(task: asyncio.Future[Any]) -> None:
