@@ -10,8 +10,15 @@ from cli.main import drive, err, report_table, with_client
 from store.client import Client
 from store.gc import DEFAULT_GRACE_S, prepare_gc
 
+SHORT_GRACE_S = 600     # below this, say what a grace shorter than a put costs
+
 
 async def cmd_gc(c: Client, a: argparse.Namespace) -> int:
+    if a.grace < SHORT_GRACE_S and not a.dry_run:
+        err.print(f"[yellow]warning:[/] a grace of {a.grace:g} s deletes the fragments of any "
+                  f"put still in progress that started more than {a.grace:g} s ago (its "
+                  "record is not written yet): that put then fails. Use it only when no "
+                  "put runs", highlight=False)
     err.print("reading fragment listings, then metadata ...")
     worker = await prepare_gc(c, a.grace, a.dry_run)
     r = worker.report

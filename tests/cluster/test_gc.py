@@ -91,7 +91,10 @@ def test_overwritten_and_deleted_fragments_and_tombstones_go(cluster: LocalClust
     assert len(of_version(cluster, old)) == 6           # a dry run deletes nothing
 
     time.sleep(0.5)                                     # every tombstone replica written
-    rep = gc_json(cluster, "--grace", "0")
+    warned = run_cli(cluster, "gc", "--json", "--grace", "0")
+    assert b"a grace of 0 s deletes the fragments of any put still in progress" in \
+        b" ".join(warned.stderr.split())
+    rep = json.loads(warned.stdout)
     assert rep["fragments_deleted"] >= 12
     assert of_version(cluster, old) == set() and of_version(cluster, gone) == set()
     assert len(of_version(cluster, new)) == 6 and len(of_version(cluster, kept)) == 6
