@@ -661,6 +661,7 @@ class Client(LoopBound):
         check_key(key)
         record = await self.read_record(bucket, key)
         if record is None or record["deleted"]:
+            await self._require_bucket(bucket)      # NotFound naming the bucket, if it is that
             raise NotFound(f"no such object: {bucket}/{key}")
         return record
 

@@ -221,6 +221,15 @@ def test_ranges_other_than_a_b_a_or_n_are_refused(workdir: Path) -> None:
         assert b"range" in proc.stderr and proc.stdout == b"", (r, proc.stderr)
 
 
+def test_a_missing_bucket_is_named_as_such_by_get_head_and_rm(workdir: Path) -> None:
+    for cmd in (["get", "no-such-bucket/k", "-"], ["head", "no-such-bucket/k"],
+                ["rm", "no-such-bucket/k"]):
+        proc = ecstore(*cmd, cwd=workdir, ok=False)
+        assert proc.returncode == 2 and b"no such bucket: no-such-bucket" in proc.stderr, cmd
+    proc = ecstore("get", "order/none", "-", cwd=workdir, ok=False)
+    assert proc.returncode == 2 and b"no such object: order/none" in proc.stderr
+
+
 # the last tests stop nodes of the module's cluster
 def test_a_failed_get_leaves_no_partial_file(workdir: Path) -> None:
     from cli.localcluster import LocalCluster
