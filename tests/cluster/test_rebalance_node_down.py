@@ -62,6 +62,17 @@ def bring_back(cluster: LocalCluster, *ids: str) -> None:
     lc.wait_healthy(list(ids))
 
 
+def check_all_without(cluster: LocalCluster, objs: dict[str, bytes], *victims: str) -> None:
+    """Every object reads back with `victims` (m storage nodes) killed; then restarted."""
+    lc = LocalCluster.load(cluster.dir)
+    for victim in victims:
+        lc.kill_node(victim)
+    try:
+        check_all(cluster, objs)
+    finally:
+        bring_back(cluster, *victims)
+
+
 @pytest.fixture(scope="module")
 def objects(cluster: LocalCluster) -> dict[str, bytes]:
     objs = {f"o{i:02d}": os.urandom(200_000 + 1000 * i) for i in range(30)}
@@ -90,13 +101,7 @@ def test_rebalance_with_a_node_down_does_not_settle(cluster: LocalCluster,
     rep = json.loads(ok(cluster, "rebalance", "--json").stdout)
     assert rep["settled"] is True and rep["unlisted"] == [] and rep["moved"] > 0
     assert pending(cluster) == []
-    lc = LocalCluster.load(cluster.dir)
-    for victim in ("s1", "s2"):
-        lc.kill_node(victim)
-    try:
-        check_all(cluster, objects)
-    finally:
-        bring_back(cluster, "s1", "s2")
+    check_all_without(cluster, objects, "s1", "s2")
 
 
 def test_draining_a_dead_node_fails_until_repair_rebuilt_what_it_held(
@@ -120,10 +125,4 @@ def test_draining_a_dead_node_fails_until_repair_rebuilt_what_it_held(
                          "--json").stdout)
     assert done["drained"] is True
     assert "s7" not in LocalCluster.load(cluster.dir).nodes and pending(cluster) == []
-    lc = LocalCluster.load(cluster.dir)
-    for victim in ("s4", "s5"):
-        lc.kill_node(victim)
-    try:
-        check_all(cluster, objects)
-    finally:
-        bring_back(cluster, "s4", "s5")
+    check_all_without(cluster, objects, "s4", "s5")
