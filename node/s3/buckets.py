@@ -148,7 +148,12 @@ def resume_after(marker: str, prefix: str, delimiter: str) -> str:
     a common prefix (as a V1 NextMarker or a key-marker can be), else right after it."""
     if delimiter and marker.startswith(prefix) and marker.endswith(delimiter):
         rest = marker[len(prefix):]
-        if rest.find(delimiter) == len(rest) - len(delimiter):
+        # a common prefix when the first delimiter after the prefix is the one it ends
+        # with; a marker with none there (find() == -1) is a key, such as a "folder
+        # marker" "dir/" listed under prefix "dir/" (rest "") or "x--" under prefix "x-"
+        # with delimiter "--" (rest "-"): -1 equals len(rest) - len(delimiter) for them
+        cut = rest.find(delimiter)
+        if cut >= 0 and cut == len(rest) - len(delimiter):
             return marker + PAST_PREFIX
     return marker
 

@@ -125,6 +125,14 @@ def test_resume_after_skips_a_common_prefix_marker() -> None:
     assert resume_after("photos/", "", "") == "photos/"
 
 
+def test_resume_after_a_folder_marker_key_equal_to_the_prefix_is_right_after_it() -> None:
+    # "dir/" listed under prefix "dir/" is a key, not a common prefix: the keys under it follow
+    assert resume_after("dir/", "dir/", "/") == "dir/"
+    assert resume_after("x--", "x--", "--") == "x--"
+    assert resume_after("x--", "x-", "--") == "x--"    # rest "-": shorter than the delimiter
+    assert resume_after("dir/sub/", "dir/", "/") == "dir/sub/" + PAST_PREFIX
+
+
 @given(st.text(max_size=200))
 def test_continuation_token_round_trips(after: str) -> None:
     try:
