@@ -1,6 +1,7 @@
 """Pure pieces of the S3 gateway and multipart: extents, ranges, conditions, part checks."""
 from __future__ import annotations
 
+import base64
 import hashlib
 
 import pytest
@@ -16,6 +17,7 @@ from store.multipart import MIN_PART_BYTES, PartError, check_complete, multipart
 from store.striping import Extent, extent_slices, record_extents
 
 SEG = 100
+SECRET = "s" * 32
 
 
 def multipart_record(sizes: list[int]) -> dict[str, object]:
@@ -139,13 +141,16 @@ def test_continuation_token_round_trips(after: str) -> None:
         after.encode()
     except UnicodeEncodeError:
         return
-    assert token_decode(token_encode(after)) == after
+    assert token_decode(token_encode(after, SECRET), SECRET) == after
 
 
 def test_bad_token_and_bad_xml_are_400() -> None:
-    with pytest.raises(S3Error) as exc:
-        token_decode("%%%")
-    assert exc.value.status == 400
+    forged = base64.urlsafe_b64encode(b"foo").decode()   # base64, but not a token of ours
+    other = token_encode("foo", "another cluster's secret")
+    for token in ("%%%", forged, "Zm9v", other, "", token_encode("foo", SECRET)[:-4]):
+        with pytest.raises(S3Error) as exc:
+            token_decode(token, SECRET)
+        assert (exc.value.code, exc.value.status) == ("InvalidArgument", 400)
     for body in (b"<Delete><Object>", b"<!DOCTYPE x [<!ENTITY a 'b'>]><Delete/>", b"<Other/>", b""):
         with pytest.raises(S3Error) as exc:
             parse(body, "Delete")
