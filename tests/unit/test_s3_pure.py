@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from node.s3.buckets import resume_after, token_decode, token_encode
 from node.s3.errors import S3Error
-from node.s3.objects import check_conditions, copy_source, parse_range
+from node.s3.objects import check_conditions, copy_source, parse_range, part_bounds
+from node.s3.uploads import copy_source_range
 from node.s3.xml import escape, parse
 from store.listing import PAST_PREFIX
 from store.multipart import MIN_PART_BYTES, PartError, check_complete, multipart_etag
@@ -159,3 +160,24 @@ def test_bad_token_and_bad_xml_are_400() -> None:
 
 def test_xml_escape_control_characters() -> None:
     assert escape("a&b<\x01>") == "a&amp;b&lt;&#x1;&gt;"
+
+
+def test_part_bounds_are_the_parts_of_a_multipart_record_and_one_part_otherwise() -> None:
+    rec = multipart_record([5, 7, 3])
+    assert [part_bounds(rec, n) for n in (1, 2, 3)] == [(0, 5, 3), (5, 12, 3), (12, 15, 3)]
+    assert part_bounds({"size": 9, "version_id": "v"}, 1) == (0, 9, 1)
+    for record, number in ((rec, 4), ({"size": 9, "version_id": "v"}, 2)):
+        with pytest.raises(S3Error) as exc:
+            part_bounds(record, number)
+        assert (exc.value.code, exc.value.status) == ("InvalidPartNumber", 416)
+
+
+def test_a_copy_source_range_is_bytes_first_last_within_the_source_or_invalid_argument() -> None:
+    assert copy_source_range(None, 10) is None
+    assert copy_source_range("bytes=0-9", 10) == (0, 10)
+    assert copy_source_range("bytes=3-3", 10) == (3, 4)
+    for bad in ("bytes=7-3", "bytes=abc", "bytes=0-1,4-5", "bytes=-3", "bytes=3-", "0-3",
+                "bytes=0-10", "bytes=10-12"):
+        with pytest.raises(S3Error) as exc:
+            copy_source_range(bad, 10)
+        assert (exc.value.code, exc.value.status) == ("InvalidArgument", 400), bad
