@@ -16,7 +16,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 from aiohttp import web
 
@@ -34,13 +34,13 @@ from node.metrics import (
 )
 from node.s3 import buckets, objects, uploads
 from node.s3.context import DEFAULT_SEGMENT_SLOTS, Gateway, GatewayConfig, S3Ctx
-from node.s3.errors import S3Error, access_denied
+from node.s3.errors import S3Error, access_denied, to_s3_error
 from node.s3.sigv2 import access_key_v2, authenticate_v2, is_v2
 from node.s3.sigv4 import AuthResult, authenticate
 from node.server import OBSERVER, install_observer, metrics, run
 from store.client import Client
 from store.cluster import ClusterInfo
-from store.errors import BadRequest, Conflict, EcstoreError, NotFound, RangeNotSatisfiable, TooLarge, Unavailable
+from store.errors import EcstoreError
 from store.names import MAX_KEY_BYTES
 
 log = logging.getLogger("ecstore.gateway")
@@ -56,7 +56,20 @@ UNSUPPORTED = frozenset({"policy", "lifecycle", "cors", "tagging", "website", "l
                          "notification", "replication", "encryption", "object-lock", "retention",
                          "legal-hold", "torrent", "restore", "select", "accelerate",
                          "requestPayment", "analytics", "inventory", "metrics", "ownershipControls",
-                         "publicAccessBlock", "intelligent-tiering", "policyStatus", "attributes"})
+                         "publicAccessBlock", "intelligent-tiering", "policyStatus", "attributes",
+                         "session"})
+# Request headers (by prefix) asking for what we do not do - encryption (SSE-S3, SSE-KMS,
+# SSE-C, of a copy's source too), tags (x-amz-tagging, CopyObject's
+# x-amz-tagging-directive), object lock, website redirects: NotImplemented, never ignored.
+# None is sent by boto3, the aws cli or s3fs unless asked for.
+UNSUPPORTED_HEADERS = ("x-amz-server-side-encryption", "x-amz-copy-source-server-side-encryption",
+                       "x-amz-tagging", "x-amz-object-lock-", "x-amz-bucket-object-lock-",
+                       "x-amz-website-redirect-location")
+
+
+def unsupported_header(headers: Iterable[str]) -> str | None:
+    """The first request header (lower case) naming a feature we do not have, or None."""
+    return next((h for h in map(str.lower, headers) if h.startswith(UNSUPPORTED_HEADERS)), None)
 
 
 def route(method: str, ctx: S3Ctx) -> Handler:
@@ -65,6 +78,10 @@ def route(method: str, ctx: S3Ctx) -> Handler:
     bad = sorted(UNSUPPORTED & set(q))
     if bad or (method == "PUT" and "versioning" in q):
         raise S3Error("NotImplemented", f"{(bad or ['versioning'])[0]} is not supported", 501)
+    header = unsupported_header(ctx.headers)
+    if header is not None:
+        raise S3Error("NotImplemented", f"A header you provided implies functionality that is "
+                      f"not implemented: {header}", 501)
     if not ctx.bucket:
         if method == "GET":
             return buckets.list_buckets
@@ -137,23 +154,6 @@ def error_response(request: web.Request, err: S3Error, request_id: str) -> web.R
                         content_type="application/xml")
 
 
-def to_s3_error(exc: EcstoreError, key: str) -> S3Error:
-    if isinstance(exc, NotFound):
-        return (S3Error("NoSuchKey", "The specified key does not exist.", 404) if key
-                else S3Error("NoSuchBucket", "The specified bucket does not exist", 404))
-    if isinstance(exc, RangeNotSatisfiable):
-        return S3Error("InvalidRange", "The requested range is not satisfiable", 416)
-    if isinstance(exc, TooLarge):
-        return S3Error("EntityTooLarge", exc.message)
-    if isinstance(exc, BadRequest):
-        return S3Error("InvalidArgument", exc.message)
-    if isinstance(exc, Conflict):
-        return S3Error("OperationAborted", exc.message, 409)
-    if isinstance(exc, Unavailable):
-        return S3Error("ServiceUnavailable", f"too few nodes answered: {exc.message}", 503)
-    return S3Error("InternalError", "We encountered an internal error. Please try again.", 500)
-
-
 async def dispatch(request: web.Request) -> web.StreamResponse:
     gw = request.app[GATEWAY]
     bucket, key = split_path(request.path)
@@ -224,7 +224,9 @@ def make_app(config: GatewayConfig, observability: ObservabilityConfig | None = 
     app.router.add_get(METRICS_PATH, metrics)
     app.router.add_get("/metrics", metrics_or_s3, allow_head=False)
     ui.setup(app, GATEWAY, _authenticate)  # GET /ui, /ui/status.json: the status page
-    app.router.add_route("*", "/{tail:.*}", dispatch)
+    # [\s\S], not ".": a key may hold a newline (%0A), which "." does not match - such a
+    # request got aiohttp's plain-text 404 instead of reaching the S3 dispatcher
+    app.router.add_route("*", r"/{tail:[\s\S]*}", dispatch)
     return app
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import hmac
 import re
 from typing import Any
 from urllib.parse import quote
@@ -20,6 +22,8 @@ from store.listing import PAST_PREFIX, ListResult
 from store.names import check_bucket_name
 
 MAX_LIST_KEYS = 1000
+TOKEN_MAC_BYTES = 12   # 96 bits: a token nobody made is refused
+TOKEN_CONTEXT = b"ecstore s3 continuation token\0"   # this MAC is for nothing else
 
 
 def xml_response(body: bytes, status: int = 200) -> web.Response:
@@ -148,7 +152,12 @@ def resume_after(marker: str, prefix: str, delimiter: str) -> str:
     a common prefix (as a V1 NextMarker or a key-marker can be), else right after it."""
     if delimiter and marker.startswith(prefix) and marker.endswith(delimiter):
         rest = marker[len(prefix):]
-        if rest.find(delimiter) == len(rest) - len(delimiter):
+        # a common prefix when the first delimiter after the prefix is the one it ends
+        # with; a marker with none there (find() == -1) is a key, such as a "folder
+        # marker" "dir/" listed under prefix "dir/" (rest "") or "x--" under prefix "x-"
+        # with delimiter "--" (rest "-"): -1 equals len(rest) - len(delimiter) for them
+        cut = rest.find(delimiter)
+        if cut >= 0 and cut == len(rest) - len(delimiter):
             return marker + PAST_PREFIX
     return marker
 
@@ -192,15 +201,28 @@ def last_name(page: ListResult) -> str:
     return max([o.key for o in page.objects] + page.common_prefixes)
 
 
-def token_encode(after: str) -> str:
-    return base64.urlsafe_b64encode(after.encode()).decode()
+def _token_mac(after: bytes, secret: str) -> bytes:
+    return hmac.new(secret.encode(), TOKEN_CONTEXT + after, hashlib.sha256).digest()[:TOKEN_MAC_BYTES]
 
 
-def token_decode(token: str) -> str:
+def token_encode(after: str, secret: str) -> str:
+    """A V2 continuation token for resuming after `after`: the position and a MAC of it
+    under the cluster secret, so any worker (or a restarted gateway) takes it back and a
+    token that is not ours is refused instead of read as a position."""
+    raw = after.encode()
+    return base64.urlsafe_b64encode(_token_mac(raw, secret) + raw).decode()
+
+
+def token_decode(token: str, secret: str) -> str:
+    """The position a token of token_encode names; InvalidArgument for any other."""
     try:
-        return base64.b64decode(token.encode(), altchars=b"-_", validate=True).decode()
+        raw = base64.b64decode(token.encode(), altchars=b"-_", validate=True)
+        mac, after = raw[:TOKEN_MAC_BYTES], raw[TOKEN_MAC_BYTES:]
+        if len(mac) == TOKEN_MAC_BYTES and hmac.compare_digest(mac, _token_mac(after, secret)):
+            return after.decode()
     except (binascii.Error, UnicodeDecodeError, ValueError):
-        raise S3Error("InvalidArgument", "The continuation token provided is incorrect") from None
+        pass
+    raise S3Error("InvalidArgument", "The continuation token provided is incorrect")
 
 
 async def list_objects_v2(ctx: S3Ctx) -> web.StreamResponse:
@@ -208,7 +230,7 @@ async def list_objects_v2(ctx: S3Ctx) -> web.StreamResponse:
     enc, max_keys = _encoder(ctx), _max_keys(ctx)
     token = ctx.query.get("continuation-token")
     start_after = ctx.query.get("start-after", "")
-    after = token_decode(token) if token is not None else start_after
+    after = token_decode(token, ctx.gw.config.secret) if token is not None else start_after
     page = await _page(ctx, after, max_keys)
     owner = bucket_owner(brec) if ctx.query.get("fetch-owner") == "true" else None
     parts = _common(ctx, enc, max_keys, page)
@@ -218,7 +240,8 @@ async def list_objects_v2(ctx: S3Ctx) -> web.StreamResponse:
     if start_after:
         parts.append(el("StartAfter", enc(start_after)))
     if page.truncated:
-        parts.append(el("NextContinuationToken", token_encode(page.next_start_after)))
+        parts.append(el("NextContinuationToken", token_encode(page.next_start_after,
+                                                                   ctx.gw.config.secret)))
     return xml_response(doc("ListBucketResult", *parts, *_contents(ctx, page, enc, owner)))
 
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from xml.sax.saxutils import escape
 
+from store.errors import BadRequest, Conflict, EcstoreError, NotFound, RangeNotSatisfiable, TooLarge, Unavailable
+
 
 class S3Error(Exception):
     """One S3 error answer (`code` as AWS spells it, e.g. NoSuchKey)."""
@@ -26,3 +28,21 @@ def access_denied(message: str = "Access Denied") -> S3Error:
 
 def bad_digest(message: str) -> S3Error:
     return S3Error("BadDigest", message, 400)
+
+
+def to_s3_error(exc: EcstoreError, key: str) -> S3Error:
+    """The S3 error answering one of ours (the one table; DeleteObjects uses it per key)."""
+    if isinstance(exc, NotFound):
+        return (S3Error("NoSuchKey", "The specified key does not exist.", 404) if key
+                else S3Error("NoSuchBucket", "The specified bucket does not exist", 404))
+    if isinstance(exc, RangeNotSatisfiable):
+        return S3Error("InvalidRange", "The requested range is not satisfiable", 416)
+    if isinstance(exc, TooLarge):
+        return S3Error("EntityTooLarge", exc.message)
+    if isinstance(exc, BadRequest):
+        return S3Error("InvalidArgument", exc.message)
+    if isinstance(exc, Conflict):
+        return S3Error("OperationAborted", exc.message, 409)
+    if isinstance(exc, Unavailable):
+        return S3Error("ServiceUnavailable", f"too few nodes answered: {exc.message}", 503)
+    return S3Error("InternalError", "We encountered an internal error. Please try again.", 500)

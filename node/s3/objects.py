@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import unquote
@@ -14,10 +14,12 @@ from aiohttp import web
 
 from node.s3.body import BodyReader
 from node.s3.context import Md5Stream, S3Ctx, access_denied, bucket_owner, canned_acl
-from node.s3.errors import S3Error
+from node.s3.errors import S3Error, to_s3_error
 from node.s3.xml import child_text, doc, el, escape, http_date, iso8601, owner_xml, parse
 from store.client import MAX_USER_META_BYTES, Client
 from store.errors import EcstoreError, NotFound, RangeNotSatisfiable
+from store.multipart import MAX_PART_NUMBER
+from store.names import MAX_KEY_BYTES
 from store.striping import resolve_range
 from store.tiering import ARCHIVE_CLASSES, COLD_POLICY, has_policy
 
@@ -31,6 +33,7 @@ RESPONSE_OVERRIDES = {"response-content-type": "Content-Type",
                       "response-content-encoding": "Content-Encoding"}
 MAX_DELETE_KEYS = 1000
 RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)$")
+PART_NUMBER_RE = re.compile(r"[0-9]{1,5}")
 META_PREFIX = "x-amz-meta-"
 STORAGE_CLASS_HEADER = "x-amz-storage-class"
 # S3's storage classes (x-amz-storage-class): each is taken and kept with the object;
@@ -132,14 +135,57 @@ async def readable_record(ctx: S3Ctx) -> dict[str, Any]:
     return rec
 
 
+def etag_matches(value: str, etag: str) -> bool:
+    """Whether an If-Match / If-None-Match value ("*" or ETags, quoted or not) names `etag`."""
+    tags = [t.strip().removeprefix("W/").strip('"') for t in value.split(",")]
+    return "*" in tags or etag in tags
+
+
+def precondition_failed() -> S3Error:
+    return S3Error("PreconditionFailed", "At least one of the pre-conditions you specified "
+                   "did not hold", 412)
+
+
+async def check_write_conditions(ctx: S3Ctx) -> None:
+    """S3's conditional writes (PutObject, CopyObject, CompleteMultipartUpload):
+    If-None-Match: * refuses a key that exists, If-Match a key whose ETag differs
+    (PreconditionFailed, 412) or that does not exist (NoSuchKey). Checked here, not by
+    the commit: a write that commits between this check and ours is not seen (the
+    metadata layer has no conditional commit), so this is not a lock."""
+    none_match, match = ctx.headers.get("If-None-Match"), ctx.headers.get("If-Match")
+    if none_match is None and match is None:
+        return
+    if none_match is not None and none_match.strip() != "*":
+        raise S3Error("NotImplemented", "If-None-Match on a write takes only *", 501)
+    try:
+        rec: dict[str, Any] | None = await ctx.client.live_record(ctx.bucket, ctx.key)
+    except NotFound:
+        rec = None
+    if none_match is not None and rec is not None:
+        raise precondition_failed()
+    if match is not None:
+        if rec is None:
+            raise S3Error("NoSuchKey", "The specified key does not exist.", 404)
+        if not etag_matches(match, etag_of(rec)):
+            raise precondition_failed()
+
+
+async def checked_at_end(source: AsyncIterator[bytes], ctx: S3Ctx) -> AsyncIterator[bytes]:
+    """`source`, then check_write_conditions again once its last byte is read, before the
+    commit: a conditional PUT's check then misses only writes of the last moment, not
+    those made while its body was streaming in."""
+    async for piece in source:
+        yield piece
+    await check_write_conditions(ctx)
+
+
 def check_conditions(headers: Mapping[str, str], rec: Mapping[str, Any]) -> int | None:
     """304 or 412 as S3 answers If-Match, If-None-Match, If-(Un)Modified-Since; None: go on."""
     etag = etag_of(rec)
     modified_s = rec["ts"] // 1_000_000_000
 
     def matches(value: str) -> bool:
-        tags = [t.strip().removeprefix("W/").strip('"') for t in value.split(",")]
-        return "*" in tags or etag in tags
+        return etag_matches(value, etag)
 
     def since(value: str) -> int | None:
         try:
@@ -183,6 +229,60 @@ def parse_range(value: str | None, size: int) -> tuple[int, int] | None:
                       {"Content-Range": f"bytes */{size}"}) from None
 
 
+def part_number(query: Mapping[str, str], headers: Mapping[str, str]) -> int | None:
+    """The ?partNumber=N of a GET or HEAD, None without one. InvalidArgument unless 1 to
+    MAX_PART_NUMBER; InvalidRequest beside a Range header (S3's answers)."""
+    raw = query.get("partNumber")
+    if raw is None:
+        return None
+    if "Range" in headers:
+        raise S3Error("InvalidRequest", "Cannot specify both Range header and partNumber "
+                      "query parameter")
+    n = int(raw) if PART_NUMBER_RE.fullmatch(raw) else 0
+    if not 1 <= n <= MAX_PART_NUMBER:
+        raise S3Error("InvalidArgument", f"Part number must be an integer between 1 and "
+                      f"{MAX_PART_NUMBER}, inclusive")
+    return n
+
+
+def part_bounds(rec: Mapping[str, Any], number: int) -> tuple[int, int, int]:
+    """(lo, hi, parts): bytes [lo, hi) of part `number` of the object and its part count.
+    A completed multipart upload's record lists its parts (sizes in bytes, in order); any
+    other object is one part, all of it, as S3 has it. InvalidPartNumber (416) past the
+    last part."""
+    sizes = [int(p["size"]) for p in rec.get("parts") or []] or [int(rec["size"])]
+    if number > len(sizes):
+        raise S3Error("InvalidPartNumber", "The requested partnumber is not satisfiable", 416)
+    lo = sum(sizes[:number - 1])
+    return lo, lo + sizes[number - 1], len(sizes)
+
+
+def byte_range(ctx: S3Ctx, rec: Mapping[str, Any], headers: dict[str, str]) -> tuple[int, int, bool]:
+    """(lo, hi, partial): the bytes [lo, hi) a GET sends - one part (?partNumber) or the
+    Range, else all - and whether that is 206 Partial Content. Sets Content-Range,
+    x-amz-mp-parts-count or the checksums in `headers`."""
+    size = rec["size"]
+    number = part_number(ctx.query, ctx.headers)
+    if number is not None:
+        lo, hi, count = part_bounds(rec, number)
+        if rec.get("parts"):
+            headers["x-amz-mp-parts-count"] = str(count)
+        if hi == lo:   # an empty part (an empty object): no Content-Range can say it
+            return lo, hi, False
+    else:
+        if size == 0 and ctx.headers.get("Range") and RANGE_RE.match(ctx.headers["Range"].strip()):
+            raise S3Error("InvalidRange", "The requested range is not satisfiable", 416,
+                          {"Content-Range": "bytes */0"})
+        rng = parse_range(ctx.headers.get("Range"), size)
+        if rng is None:
+            if ctx.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED":
+                headers.update(checksum_headers(rec))
+            return 0, size, False
+        lo, hi = rng
+    headers["Content-Range"] = f"bytes {lo}-{hi - 1}/{size}"
+    return lo, hi, True
+
+
 async def get_object(ctx: S3Ctx, head: bool = False) -> web.StreamResponse:
     if ctx.query.get("versionId", "null") != "null":
         raise S3Error("InvalidArgument", "Invalid version id specified")
@@ -192,44 +292,56 @@ async def get_object(ctx: S3Ctx, head: bool = False) -> web.StreamResponse:
     if status == 304:
         return web.Response(status=304, headers={k: headers[k] for k in ("ETag", "Last-Modified")})
     if status == 412:
-        raise S3Error("PreconditionFailed", "At least one of the pre-conditions you "
-                      "specified did not hold", 412)
+        raise precondition_failed()
     for q, h in RESPONSE_OVERRIDES.items():
         if q in ctx.query:
             headers[h] = ctx.query[q]
-    size = rec["size"]
-    if size == 0 and ctx.headers.get("Range") and RANGE_RE.match(ctx.headers["Range"].strip()):
-        raise S3Error("InvalidRange", "The requested range is not satisfiable", 416,
-                      {"Content-Range": "bytes */0"})
-    rng = parse_range(ctx.headers.get("Range"), size)
-    lo, hi = rng if rng is not None else (0, size)
-    if rng is not None:
-        headers["Content-Range"] = f"bytes {lo}-{hi - 1}/{size}"
-    elif ctx.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED":
-        headers.update(checksum_headers(rec))
-    resp = web.StreamResponse(status=206 if rng is not None else 200, headers=headers)
+    lo, hi, partial = byte_range(ctx, rec, headers)
+    resp = web.StreamResponse(status=206 if partial else 200, headers=headers)
     resp.content_length = hi - lo
     if head or hi == lo:
         await resp.prepare(ctx.request)
         await resp.write_eof()
         return resp
+    await send_body(ctx, resp, rec, lo, hi)
+    return resp
+
+
+async def send_body(ctx: S3Ctx, resp: web.StreamResponse, rec: dict[str, Any], lo: int,
+                    hi: int) -> None:
+    """Stream bytes [lo, hi) of the object as `resp`'s body (hi > lo)."""
     stream = ctx.client.get_stream(ctx.bucket, ctx.key, lo, hi - 1, record=rec)
     first = await anext(stream)  # before the status line: a failure here is a clean 5xx
     await resp.prepare(ctx.request)
+    sent = 0
     try:
         await resp.write(first)
+        sent += len(first)
         async for chunk in stream:
             await resp.write(chunk)
+            sent += len(chunk)
+    except ConnectionError:
+        # the client closed its connection mid-body (gave up, or read what it wanted):
+        # nothing is wrong here, so one line - not a traceback at ERROR, which is what
+        # raising from the handler gave. aiohttp's own write_eof after us fails the same
+        # way, quietly. A ConnectionError while the client's connection is open is not
+        # this: it goes on up
+        transport = ctx.request.transport
+        if transport is not None and not transport.is_closing():
+            raise
+        log.info("GET %s/%s: the client closed the connection after %d of %d bytes",
+                 ctx.bucket, ctx.key, sent, hi - lo)
+        await stream.aclose()
+        return
     except EcstoreError as exc:
         # the status line is gone: cut the connection so that the client sees a short
         # body, never one that looks complete
         log.warning("GET %s/%s failed after %s: %s", ctx.bucket, ctx.key,
-                    headers.get("Content-Range", "the headers"), exc.message)
+                    resp.headers.get("Content-Range", "the headers"), exc.message)
         if ctx.request.transport is not None:
             ctx.request.transport.abort()
         raise ConnectionResetError("response cut short") from None
     await resp.write_eof()
-    return resp
 
 
 # ---- writing -----------------------------------------------------------------------------
@@ -241,12 +353,15 @@ async def put_object(ctx: S3Ctx) -> web.StreamResponse:
     meta = user_meta(ctx.headers)
     keep = stored_headers(ctx.headers)
     cls = storage_class(ctx.headers)
+    await check_write_conditions(ctx)   # before the body is read: fail fast
     body = BodyReader(ctx.request.content, ctx.headers, ctx.auth, ctx.gw.config.max_object_bytes)
+    conditional = "If-None-Match" in ctx.headers or "If-Match" in ctx.headers
 
     def extra() -> dict[str, Any]:
         return {"etag": body.md5_hex, "headers": keep, "acl": acl, "checksums": body.checksums,
                 **class_field(cls)}
-    info = await ctx.client.put(ctx.bucket, ctx.key, aiter(body),
+    source = checked_at_end(aiter(body), ctx) if conditional else aiter(body)
+    info = await ctx.client.put(ctx.bucket, ctx.key, source,
                                 content_type=ctx.headers.get("Content-Type", "binary/octet-stream"),
                                 meta=meta, extra=extra, **await class_writes(ctx.client, cls))
     del info
@@ -275,8 +390,7 @@ async def copy_object(ctx: S3Ctx) -> web.StreamResponse:
     status = check_conditions({k[len("x-amz-copy-source-"):].title(): v for k, v in ctx.headers.items()
                                if k.lower().startswith("x-amz-copy-source-if-")}, rec)
     if status is not None:
-        raise S3Error("PreconditionFailed", "At least one of the pre-conditions you "
-                      "specified did not hold", 412)
+        raise precondition_failed()
     directive = ctx.headers.get("x-amz-metadata-directive", "COPY").upper()
     if directive not in ("COPY", "REPLACE"):
         raise S3Error("InvalidArgument", "Unknown metadata directive.")
@@ -293,6 +407,7 @@ async def copy_object(ctx: S3Ctx) -> web.StreamResponse:
         content_type = ctx.headers.get("Content-Type", "binary/octet-stream")
         meta, keep = user_meta(ctx.headers), stored_headers(ctx.headers)
     acl = canned_acl(ctx.headers)
+    await check_write_conditions(ctx)
     stream = Md5Stream(ctx.client.get_stream(src_bucket, src_key, record=rec))
     info = await ctx.client.put(ctx.bucket, ctx.key, aiter(stream), content_type=content_type,
                                 meta=meta, extra=lambda: {"etag": stream.md5_hex(),
@@ -315,35 +430,49 @@ async def delete_object(ctx: S3Ctx) -> web.StreamResponse:
     return web.Response(status=204)
 
 
-async def delete_objects(ctx: S3Ctx) -> web.StreamResponse:
-    """POST /bucket?delete: up to MAX_DELETE_KEYS keys; Deleted for absent keys too."""
-    await ctx.owned_bucket()
-    body = BodyReader(ctx.request.content, ctx.headers, ctx.auth, 4 * 1024 * 1024)
-    root = parse(await body.read_all(), "Delete")
+def delete_request(body: bytes) -> tuple[bool, list[tuple[str, str | None]]]:
+    """(quiet, [(key, version id or None)]) of a DeleteObjects body, checked whole before
+    anything is deleted: MalformedXML if it names no object, more than MAX_DELETE_KEYS,
+    or an Object without a Key."""
+    root = parse(body, "Delete")
     quiet = (child_text(root, "Quiet") or "").strip().lower() == "true"
     objs = root.findall("Object")
     if not objs or len(objs) > MAX_DELETE_KEYS:
         raise S3Error("MalformedXML", f"a Delete request names 1 to {MAX_DELETE_KEYS} objects")
+    entries = [(child_text(o, "Key"), child_text(o, "VersionId")) for o in objs]
+    if not all(key for key, _ in entries):
+        raise S3Error("MalformedXML", "every Object needs a Key")
+    return quiet, [(str(key), vid) for key, vid in entries]
+
+
+async def delete_one(client: Client, bucket: str, key: str, vid: str | None) -> S3Error | None:
+    """Delete one key of a DeleteObjects; the error to report for it, None if deleted
+    (or absent, as S3 has it)."""
+    if vid not in (None, "null"):
+        return S3Error("NoSuchVersion", "The specified version does not exist.")
+    if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+        return S3Error("KeyTooLongError", "Your key is too long")
+    try:
+        await client.delete(bucket, key)
+    except NotFound:
+        pass
+    except EcstoreError as exc:  # one key's failure is reported, the others go on
+        return to_s3_error(exc, key)
+    return None
+
+
+async def delete_objects(ctx: S3Ctx) -> web.StreamResponse:
+    """POST /bucket?delete: up to MAX_DELETE_KEYS keys; Deleted for absent keys too."""
+    await ctx.owned_bucket()
+    body = BodyReader(ctx.request.content, ctx.headers, ctx.auth, 4 * 1024 * 1024)
+    quiet, entries = delete_request(await body.read_all())
     done, errors = [], []
-    for o in objs:
-        key = child_text(o, "Key")
-        vid = child_text(o, "VersionId")
-        if not key:
-            raise S3Error("MalformedXML", "every Object needs a Key")
+    for key, vid in entries:
         item = el("Key", key) + (el("VersionId", vid) if vid else "")
-        if vid not in (None, "null"):
-            errors.append(el("Error", [item, el("Code", "NoSuchVersion"),
-                                       el("Message", "The specified version does not exist.")]))
-            continue
-        try:
-            await ctx.client.delete(ctx.bucket, key)
-        except NotFound:
-            pass
-        except Exception as exc:  # one key's failure is reported, the others go on
-            errors.append(el("Error", [item, el("Code", "InternalError"),
-                                       el("Message", escape(str(exc))[:200])]))
-            continue
-        if not quiet:
+        err = await delete_one(ctx.client, ctx.bucket, key, vid)
+        if err is not None:   # el() escapes the message: once
+            errors.append(el("Error", [item, el("Code", err.code), el("Message", err.message[:200])]))
+        elif not quiet:
             done.append(el("Deleted", [item]))
     return web.Response(body=doc("DeleteResult", *done, *errors), content_type="application/xml")
 

@@ -53,6 +53,15 @@ def string_to_sign(method: str, raw_path: str, query: Sequence[tuple[str, str]],
                       expires_or_date]) + "\n" + "".join(f"{k}:{v}\n" for k, v in amz) + resource
 
 
+def signed_paths(raw_path: str) -> list[str]:
+    """The resource paths a client may have signed for a request to `raw_path`: itself,
+    and for a bucket ("/bucket") also "/bucket/" - botocore's SigV2 signer signs the
+    bucket with a trailing slash but sends the path without one (presigned ListObjects
+    in us-east-1, signature_version="s3" clients on bucket requests)."""
+    bucket_level = raw_path.count("/") == 1 and len(raw_path) > 1
+    return [raw_path, raw_path + "/"] if bucket_level else [raw_path]
+
+
 def sign(secret: str, text: str) -> str:
     mac = hmac.new(secret.encode(), text.encode("utf-8"), hashlib.sha1).digest()
     return base64.b64encode(mac).decode()
@@ -89,8 +98,9 @@ def authenticate_v2(method: str, raw_path: str, query: Sequence[tuple[str, str]]
     if secret is None:
         raise S3Error("InvalidAccessKeyId", "The AWS Access Key Id you provided does not "
                       "exist in our records.", 403)
-    expected = sign(secret, string_to_sign(method, raw_path, query, headers, when))
-    if not hmac.compare_digest(expected, given):
+    candidates = [sign(secret, string_to_sign(method, path, query, headers, when))
+                  for path in signed_paths(raw_path)]
+    if not any(hmac.compare_digest(expected, given) for expected in candidates):
         raise S3Error("SignatureDoesNotMatch", "The request signature we calculated does not "
                       "match the signature you provided. Check your key and signing method.", 403)
     return AuthResult(access_key=access_key, payload_sha256=UNSIGNED_PAYLOAD, signing_key=b"",

@@ -3,6 +3,7 @@ copy), complete, abort, list parts, list uploads. A part streams from the reques
 into segments (never held whole)."""
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
@@ -14,10 +15,10 @@ from node.s3.buckets import xml_response
 from node.s3.context import Md5Stream, S3Ctx, bucket_owner, canned_acl
 from node.s3.errors import S3Error
 from node.s3.objects import (
+    check_write_conditions,
     class_field,
     class_writes,
     copy_source,
-    parse_range,
     readable_record,
     storage_class,
     stored_headers,
@@ -27,6 +28,7 @@ from node.s3.xml import doc, el, iso8601, owner_xml, parse
 from store import multipart as mp
 
 MAX_LISTED = 1000
+COPY_RANGE_RE = re.compile(r"bytes=([0-9]+)-([0-9]+)")
 
 
 def _no_such_upload() -> S3Error:
@@ -86,11 +88,30 @@ async def upload_part(ctx: S3Ctx) -> web.StreamResponse:
     return web.Response(status=200, headers=headers)
 
 
+def copy_source_range(value: str | None, size: int) -> tuple[int, int] | None:
+    """[lo, hi) of an x-amz-copy-source-range, None without one. Unlike a GET's Range
+    (where S3 ignores what it cannot parse and sends everything), S3 takes only
+    bytes=first-last here, first <= last < size: anything else is InvalidArgument, never
+    the whole source."""
+    if value is None:
+        return None
+    m = COPY_RANGE_RE.fullmatch(value)
+    if m is None or int(m.group(1)) > int(m.group(2)):
+        raise S3Error("InvalidArgument", "The x-amz-copy-source-range value must be of the "
+                      "form bytes=first-last where first and last are the zero-based offsets "
+                      "of the first and last bytes to copy")
+    first, last = int(m.group(1)), int(m.group(2))
+    if last >= size:   # what S3 answers (400), not a GET's InvalidRange
+        raise S3Error("InvalidArgument", f"Range specified is not valid for source object "
+                      f"of size: {size}")
+    return first, last + 1
+
+
 async def _upload_part_copy(ctx: S3Ctx, number: int) -> web.StreamResponse:
     src_bucket, src_key = copy_source(ctx.headers["x-amz-copy-source"])
     rec = await readable_record(S3Ctx(ctx.request, ctx.gw, src_bucket, src_key, ctx.user,
                                       ctx.auth))
-    rng = parse_range(ctx.headers.get("x-amz-copy-source-range"), rec["size"])
+    rng = copy_source_range(ctx.headers.get("x-amz-copy-source-range"), rec["size"])
     lo, hi = rng if rng is not None else (0, rec["size"])
     stream = Md5Stream(ctx.client.get_stream(src_bucket, src_key, lo, hi - 1, record=rec)
                        if hi > lo else _empty())
@@ -116,6 +137,7 @@ async def complete_upload(ctx: S3Ctx) -> web.StreamResponse:
             requested.append((int(p.findtext("PartNumber") or ""), p.findtext("ETag") or ""))
         except ValueError:
             raise S3Error("MalformedXML", "PartNumber must be an integer") from None
+    await check_write_conditions(ctx)   # If-None-Match: * / If-Match, as a PutObject's
     try:
         record = await mp.complete(ctx.client, ctx.bucket, ctx.query["uploadId"], requested)
     except mp.NoSuchUpload:

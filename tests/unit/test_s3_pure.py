@@ -1,6 +1,7 @@
 """Pure pieces of the S3 gateway and multipart: extents, ranges, conditions, part checks."""
 from __future__ import annotations
 
+import base64
 import hashlib
 
 import pytest
@@ -9,13 +10,15 @@ from hypothesis import strategies as st
 
 from node.s3.buckets import resume_after, token_decode, token_encode
 from node.s3.errors import S3Error
-from node.s3.objects import check_conditions, copy_source, parse_range
+from node.s3.objects import check_conditions, copy_source, parse_range, part_bounds
+from node.s3.uploads import copy_source_range
 from node.s3.xml import escape, parse
 from store.listing import PAST_PREFIX
 from store.multipart import MIN_PART_BYTES, PartError, check_complete, multipart_etag
 from store.striping import Extent, extent_slices, record_extents
 
 SEG = 100
+SECRET = "s" * 32
 
 
 def multipart_record(sizes: list[int]) -> dict[str, object]:
@@ -125,19 +128,30 @@ def test_resume_after_skips_a_common_prefix_marker() -> None:
     assert resume_after("photos/", "", "") == "photos/"
 
 
+def test_resume_after_a_folder_marker_key_equal_to_the_prefix_is_right_after_it() -> None:
+    # "dir/" listed under prefix "dir/" is a key, not a common prefix: the keys under it follow
+    assert resume_after("dir/", "dir/", "/") == "dir/"
+    assert resume_after("x--", "x--", "--") == "x--"
+    assert resume_after("x--", "x-", "--") == "x--"    # rest "-": shorter than the delimiter
+    assert resume_after("dir/sub/", "dir/", "/") == "dir/sub/" + PAST_PREFIX
+
+
 @given(st.text(max_size=200))
 def test_continuation_token_round_trips(after: str) -> None:
     try:
         after.encode()
     except UnicodeEncodeError:
         return
-    assert token_decode(token_encode(after)) == after
+    assert token_decode(token_encode(after, SECRET), SECRET) == after
 
 
 def test_bad_token_and_bad_xml_are_400() -> None:
-    with pytest.raises(S3Error) as exc:
-        token_decode("%%%")
-    assert exc.value.status == 400
+    forged = base64.urlsafe_b64encode(b"foo").decode()   # base64, but not a token of ours
+    other = token_encode("foo", "another cluster's secret")
+    for token in ("%%%", forged, "Zm9v", other, "", token_encode("foo", SECRET)[:-4]):
+        with pytest.raises(S3Error) as exc:
+            token_decode(token, SECRET)
+        assert (exc.value.code, exc.value.status) == ("InvalidArgument", 400)
     for body in (b"<Delete><Object>", b"<!DOCTYPE x [<!ENTITY a 'b'>]><Delete/>", b"<Other/>", b""):
         with pytest.raises(S3Error) as exc:
             parse(body, "Delete")
@@ -146,3 +160,24 @@ def test_bad_token_and_bad_xml_are_400() -> None:
 
 def test_xml_escape_control_characters() -> None:
     assert escape("a&b<\x01>") == "a&amp;b&lt;&#x1;&gt;"
+
+
+def test_part_bounds_are_the_parts_of_a_multipart_record_and_one_part_otherwise() -> None:
+    rec = multipart_record([5, 7, 3])
+    assert [part_bounds(rec, n) for n in (1, 2, 3)] == [(0, 5, 3), (5, 12, 3), (12, 15, 3)]
+    assert part_bounds({"size": 9, "version_id": "v"}, 1) == (0, 9, 1)
+    for record, number in ((rec, 4), ({"size": 9, "version_id": "v"}, 2)):
+        with pytest.raises(S3Error) as exc:
+            part_bounds(record, number)
+        assert (exc.value.code, exc.value.status) == ("InvalidPartNumber", 416)
+
+
+def test_a_copy_source_range_is_bytes_first_last_within_the_source_or_invalid_argument() -> None:
+    assert copy_source_range(None, 10) is None
+    assert copy_source_range("bytes=0-9", 10) == (0, 10)
+    assert copy_source_range("bytes=3-3", 10) == (3, 4)
+    for bad in ("bytes=7-3", "bytes=abc", "bytes=0-1,4-5", "bytes=-3", "bytes=3-", "0-3",
+                "bytes=0-10", "bytes=10-12"):
+        with pytest.raises(S3Error) as exc:
+            copy_source_range(bad, 10)
+        assert (exc.value.code, exc.value.status) == ("InvalidArgument", 400), bad
