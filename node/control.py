@@ -655,7 +655,7 @@ def make_app(config: ControlConfig) -> web.Application:
         app[DB].close()
 
     app.cleanup_ctx.append(open_db)
-    obj = "/v1/objects/{bucket}/{key:.+}"
+    obj = r"/v1/objects/{bucket}/{key:[\s\S]+}"    # [\s\S]: a key may hold a newline
     app.add_routes([
         web.get("/v1/health", health),
         web.get("/v1/status", status),
@@ -672,7 +672,7 @@ def make_app(config: ControlConfig) -> web.Application:
         web.post("/v1/objects/read", get_objects),
         web.get(obj, get_object),
         web.delete(obj, purge_object),
-        web.delete("/v1/records/{bucket}/{key:.+}", drop_record),
+        web.delete(r"/v1/records/{bucket}/{key:[\s\S]+}", drop_record),
     ])
     return app
 

@@ -318,8 +318,6 @@ def test_a_request_for_a_key_with_a_newline_reaches_the_s3_dispatcher(gateway: G
     assert (resp.status, resp.code) == (404, "NoSuchUpload")   # S3's XML, not a plain 404
 
 
-@pytest.mark.xfail(strict=True, reason="the control node's record routes ({key:.+}, "
-                   "node/control.py) do not match a newline either: the metadata write fails")
 def test_a_key_with_a_newline_is_stored_listed_and_deleted(gateway: Gateway, bucket: str) -> None:
     s3 = make_client(gateway, retries=False)
     s3.put_object(Bucket=bucket, Key=NEWLINE_KEY, Body=b"two lines")
