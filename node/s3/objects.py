@@ -16,7 +16,7 @@ from node.s3.body import BodyReader
 from node.s3.context import Md5Stream, S3Ctx, access_denied, bucket_owner, canned_acl
 from node.s3.errors import S3Error, to_s3_error
 from node.s3.xml import child_text, doc, el, escape, http_date, iso8601, owner_xml, parse
-from store.client import MAX_USER_META_BYTES, Client
+from store.client import MAX_USER_META_BYTES, Client, user_meta_bytes
 from store.errors import EcstoreError, NotFound, RangeNotSatisfiable
 from store.multipart import MAX_PART_NUMBER
 from store.names import MAX_KEY_BYTES
@@ -100,7 +100,7 @@ def checksum_headers(rec: Mapping[str, Any]) -> dict[str, str]:
 def user_meta(headers: Mapping[str, str]) -> dict[str, str]:
     meta = {k.lower()[len(META_PREFIX):]: v for k, v in headers.items()
             if k.lower().startswith(META_PREFIX)}
-    if sum(len(k) + len(v) for k, v in meta.items()) > MAX_USER_META_BYTES:
+    if user_meta_bytes(meta) > MAX_USER_META_BYTES:     # UTF-8 bytes, as S3 counts
         raise S3Error("MetadataTooLarge", "Your metadata headers exceed the maximum allowed "
                       f"metadata size ({MAX_USER_META_BYTES} bytes)")
     return meta

@@ -177,6 +177,11 @@ def test_user_metadata_over_2_kib_is_metadata_too_large(s3: BaseClient, bucket: 
                                               Metadata={"a": "v" * 1500, "b": "w" * 1500})) == (
         "MetadataTooLarge", 400)
     assert client_error(lambda: s3.head_object(Bucket=bucket, Key="meta/big")) == ("404", 404)
+    # S3 counts the UTF-8 bytes of names and values: 2,048 exactly is taken, one more is
+    # MetadataTooLarge (not the client library's InvalidArgument)
+    s3.put_object(Bucket=bucket, Key="meta/edge", Body=b"m", Metadata={"a": "v" * 2047})
+    assert client_error(lambda: s3.put_object(Bucket=bucket, Key="meta/edge", Body=b"m",
+                                              Metadata={"a": "v" * 2048})) == ("MetadataTooLarge", 400)
 
 
 def test_delete_objects_removes_many_and_reports_each(s3: BaseClient, bucket: str) -> None:
