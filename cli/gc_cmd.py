@@ -44,6 +44,7 @@ def _table(rep: dict[str, Any]) -> None:
         ("fragments listed", rep["fragments_listed"]),
         ("fragments garbage", rep["fragments_garbage"]),
         ("  of them stray copies", rep["fragments_stray"]),
+        ("  strays kept: the map changed", rep["strays_kept"]),
         ("fragments deleted", rep["fragments_deleted"]),
         ("kept: live", rep["kept_live"]),
         ("kept: younger than grace", rep["kept_young"]),

@@ -15,9 +15,14 @@ A fragment of a live version is a stray when it sits on a node where that versio
 does not put it: not the node the map names for it, not a recorded handoff, not where the
 previous epoch's ring put it (a rebalance in progress). A fragment put handed to a handoff
 node because its first node stalled can still land there once the node resumes; such a
-copy is never read. Strays older than the grace are deleted too (`plan_stray_gc`). Only
-versions whose full record was read are checked: a version live on a stale replica only,
-or a part of an upload in progress, keeps every copy.
+copy is never read. Strays older than the grace are deleted too (`plan_stray_gc`), and only
+while a copy sits where a reader looks (a home node's listing holds it): a stray is a
+spare copy, never the last one. Only versions whose full record was read are checked: a
+version live on a stale replica only, or a part of an upload in progress, keeps every copy.
+Where a fragment's home is depends on the map, so strays are deleted only while the map is
+the one they were planned with: a ring change (and the rebalance after it) while gc plans
+or deletes makes it keep every stray for its next run - else a fragment the rebalance had
+just moved looked stray where it now belongs, with its old copy already deleted.
 
 A tombstone is purged only once it is older than the grace and every one of its R
 control replicas holds exactly it (each replica is read directly); a replica that lacks
@@ -97,7 +102,8 @@ def plan_stray_gc(homes: Mapping[str, set[str] | frozenset[str]],
                   listings: Mapping[str, Sequence[str] | set[str]],
                   now_ns: int, grace_s: float) -> list[tuple[str, str]]:
     """Every (node_id, fid) whose fragment is known (`homes`: fid -> the node ids where
-    its record puts it) but sits on another node, and is older than the grace (pure)."""
+    its record puts it) but sits on another node, is older than the grace, and has a copy
+    on one of its homes (the listings say so): never the last copy (pure)."""
     limit = cutoff(now_ns, grace_s)
     out = []
     for node_id in sorted(listings):
@@ -105,7 +111,8 @@ def plan_stray_gc(homes: Mapping[str, set[str] | frozenset[str]],
             home = homes.get(fid)
             vid = fragment_version(fid)
             if home is not None and node_id not in home and vid is not None \
-                    and version_time_ns(vid) < limit:
+                    and version_time_ns(vid) < limit \
+                    and any(fid in listings.get(h, ()) for h in home):
                 out.append((node_id, fid))
     return out
 
@@ -169,6 +176,7 @@ class GcReport(WorkReport):
     fragments_garbage: int = 0
     fragments_deleted: int = 0
     fragments_stray: int = 0             # copies of live fragments where no reader looks
+    strays_kept: int = 0                 # ... left for the next run: the map changed
     bytes_deleted: int | None = None     # unknown: a storage node's DELETE does not say
     kept_live: int = 0
     kept_young: int = 0
@@ -227,22 +235,29 @@ class GcWorker:
 
     def __init__(self, c: Client, cmap: ClusterMap, garbage: list[tuple[str, str]],
                  tombstones: list[tuple[str, str]], now_ns: int, grace_s: float,
-                 dry_run: bool = False) -> None:
+                 dry_run: bool = False, strays: Sequence[tuple[str, str]] = ()) -> None:
         self.c, self.cmap = c, cmap
         self.garbage, self.tombstones = list(garbage), list(tombstones)
+        self.strays = list(strays)     # placed by `cmap`: deleted only while it is current
         self.now_ns, self.grace_s, self.dry_run = now_ns, grace_s, dry_run
-        self.total = len(self.garbage) + len(self.tombstones)
+        self.total = len(self.garbage) + len(self.strays) + len(self.tombstones)
         self.report = GcReport()
         self.started = time.monotonic()
 
     @property
     def remaining(self) -> int:
-        return len(self.garbage) + len(self.tombstones)
+        return len(self.garbage) + len(self.strays) + len(self.tombstones)
 
     async def step(self) -> bool:
         """Do the next batch; False when there is nothing left."""
         if self.garbage:
             batch, self.garbage = self.garbage[:FRAGMENT_BATCH], self.garbage[FRAGMENT_BATCH:]
+            await asyncio.gather(*(self._delete_fragment(n, f) for n, f in batch))
+        elif self.strays:
+            if not await self.map_unchanged():
+                self.keep_strays()
+                return True
+            batch, self.strays = self.strays[:FRAGMENT_BATCH], self.strays[FRAGMENT_BATCH:]
             await asyncio.gather(*(self._delete_fragment(n, f) for n, f in batch))
         elif self.tombstones:
             batch = self.tombstones[:TOMBSTONE_BATCH]
@@ -252,6 +267,19 @@ class GcWorker:
             return False
         self.report.seconds = time.monotonic() - self.started
         return True
+
+    async def map_unchanged(self) -> bool:
+        """Whether the newest map is still the one the strays were planned with."""
+        return (await self.c.cluster_map(refresh=True)).epoch == self.cmap.epoch
+
+    def keep_strays(self) -> None:
+        """The map changed: a stray may be where a fragment now belongs (and the copy
+        it was planned against moved away): keep every one left, for the next run."""
+        self.report.strays_kept += len(self.strays)
+        self.report.errors.append(
+            f"the cluster map changed while gc ran (a ring change): {len(self.strays)} stray "
+            "fragments kept; run gc again once the rebalance has settled")
+        self.strays = []
 
     async def run(self) -> GcReport:
         while await self.step():
@@ -342,9 +370,10 @@ async def prepare_gc(c: Client, grace_s: float = DEFAULT_GRACE_S,
         homes.update(record_homes(cmap, rec))
     garbage = plan_fragment_gc(live, listings, now_ns, grace_s)
     strays = plan_stray_gc(homes, listings, now_ns, grace_s)
-    garbage += strays
     tombstones = sorted({bk for rows in scan.values() for bk, r in rows.items() if r.get("deleted")})
-    worker = GcWorker(c, cmap, garbage, tombstones, now_ns, grace_s, dry_run)
+    worker = GcWorker(c, cmap, garbage, tombstones, now_ns, grace_s, dry_run, strays)
+    if strays and not await worker.map_unchanged():   # changed while the listings were read
+        worker.keep_strays()
     rep = worker.report
     limit = cutoff(now_ns, grace_s)
     for fids in listings.values():
@@ -357,7 +386,7 @@ async def prepare_gc(c: Client, grace_s: float = DEFAULT_GRACE_S,
                 rep.kept_young += 1
             elif kind == "foreign":
                 rep.kept_foreign += 1
-    rep.fragments_garbage = len(garbage)
+    rep.fragments_garbage = len(garbage) + len(strays)
     rep.fragments_stray = len(strays)
     rep.kept_live -= len(strays)
     rep.tombstones_seen = len(tombstones)

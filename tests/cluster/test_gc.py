@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -249,19 +250,17 @@ def test_gc_racing_overwrites_and_deletes_loses_nothing(cluster: LocalCluster,
     assert time.monotonic() - started < 30
 
 
-def test_a_stray_copy_of_a_live_fragment_is_removed_and_nothing_else(
-        cluster: LocalCluster, client: SyncClient) -> None:
-    """A straggler's fragment that its stalled node wrote after the client had given it to
-    a handoff node: a copy no reader looks at. gc removes it (older than the grace) and
-    keeps every fragment the record points to."""
+def plant_stray(cluster: LocalCluster, client: SyncClient, key: str,
+                data: bytes) -> tuple[str, str]:
+    """Put strays/key, then a copy of its fragment 0 on a node that is not its home:
+    (that node's id, the version)."""
     if "strays" not in client.list_buckets():
         client.create_bucket("strays")
-    data = os.urandom(5 * 1024 * 1024)
-    client.put("strays", "obj", data)
+    client.put("strays", key, data)
 
     async def plant() -> tuple[str, str]:
         async with Client.connect(cluster.path) as c:
-            rec = await c.live_record("strays", "obj")
+            rec = await c.live_record("strays", key)
             cmap = await c.cluster_map()
             from store.client import expected_fragment_nodes
             homes = {n.id for n in expected_fragment_nodes(cmap, rec, 0)}
@@ -273,9 +272,18 @@ def test_a_stray_copy_of_a_live_fragment_is_removed_and_nothing_else(
             # no node is free of this segment with 6 nodes and 4+2: put the copy of
             # fragment 0 on the node of fragment 1 instead (not its home either)
             target = away or expected_fragment_nodes(cmap, rec, 0)[1]
-            await c.put_fragment(target, fid, body, {"bucket": "strays", "key": "obj"})
+            await c.put_fragment(target, fid, body, {"bucket": "strays", "key": key})
             return target.id, rec["version_id"]
-    target, version = asyncio.run(plant())
+    return asyncio.run(plant())
+
+
+def test_a_stray_copy_of_a_live_fragment_is_removed_and_nothing_else(
+        cluster: LocalCluster, client: SyncClient) -> None:
+    """A straggler's fragment that its stalled node wrote after the client had given it to
+    a handoff node: a copy no reader looks at. gc removes it (older than the grace) and
+    keeps every fragment the record points to."""
+    data = os.urandom(5 * 1024 * 1024)
+    target, version = plant_stray(cluster, client, "obj", data)
     before = of_version(cluster, version)
     rep = gc_json(cluster, "--grace", "0")
     assert rep["fragments_stray"] == 1, rep
@@ -288,3 +296,31 @@ def test_a_stray_copy_of_a_live_fragment_is_removed_and_nothing_else(
     assert proc.returncode == 0 and json.loads(proc.stdout)["fragments_missing"] == 0
     rep = gc_json(cluster, "--grace", "0")
     assert rep["fragments_stray"] == 0
+
+
+def test_strays_are_kept_when_the_map_changes_while_gc_runs(
+        cluster: LocalCluster, client: SyncClient) -> None:
+    """Where a fragment belongs depends on the map: gc planned with one map, the map
+    changed (a ring change, then a rebalance moving fragments) before it deleted - so a
+    copy it planned as stray may be where the fragment now belongs. It keeps every stray
+    (counted, and said as an error), deletes nothing else it should not, and the next run
+    on a settled map removes the stray."""
+    data = os.urandom(5 * 1024 * 1024)
+    target, version = plant_stray(cluster, client, "moved", data)
+
+    async def gc_across_a_map_change() -> dict[str, Any]:
+        async with Client.connect(cluster.path) as c:
+            worker = await prepare_gc(c, 0.0)
+            assert len(worker.strays) == 1
+            cmap = await c.cluster_map(refresh=True)
+            await c.publish_map(cmap.bump())        # a new epoch, as a ring change makes
+            return (await worker.run()).to_dict()
+    rep = asyncio.run(gc_across_a_map_change())
+    assert rep["strays_kept"] == 1 and rep["fragments_deleted"] == 0, rep
+    assert any("map changed" in e for e in rep["errors"])
+    assert f"{version}.0.0" in harness.fragments_on_disk(cluster.nodes[target].data)
+    assert client.get("strays", "moved") == data
+    rep = gc_json(cluster, "--grace", "0")
+    assert rep["fragments_stray"] == 1 and rep["strays_kept"] == 0, rep
+    assert f"{version}.0.0" not in harness.fragments_on_disk(cluster.nodes[target].data)
+    assert client.get("strays", "moved") == data

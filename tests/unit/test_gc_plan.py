@@ -93,6 +93,20 @@ def test_strays_are_copies_away_from_their_homes_and_old_enough() -> None:
     assert plan_stray_gc(homes, listings, NOW, 0) == [("s3", f"{old}.0.0"), ("s3", f"{young}.0.0")]
 
 
+def test_a_stray_is_never_the_last_copy() -> None:
+    """A copy away from its home is deleted only while a home holds one too: a fragment a
+    rebalance moved after the map gc planned with (its home by that map emptied, the copy
+    now where the new map puts it) or one left where a map two changes back put it is the
+    only copy a repair or a reader can still find."""
+    old = vid(NOW - 7200 * S, 1)
+    homes = {f"{old}.0.0": frozenset({"s1"}), f"{old}.0.1": frozenset({"s2", "s7"})}
+    listings = {"s1": [], "s2": [], "s3": [f"{old}.0.0"], "s4": [f"{old}.0.1"],
+                "s7": [f"{old}.0.1"]}
+    assert plan_stray_gc(homes, listings, NOW, 0) == [("s4", f"{old}.0.1")]
+    del listings["s7"]                      # the home did not answer its listing: keep
+    assert plan_stray_gc(homes, listings, NOW, 0) == []
+
+
 @given(listings=st.dictionaries(st.sampled_from(["s1", "s2", "s3"]), st.sets(fids, max_size=20)),
        homed=st.sets(fids, max_size=20), node=st.sampled_from(["s1", "s2", "s3"]))
 def test_never_plans_a_fragment_on_its_home(listings: dict[str, set[str]], homed: set[str],
@@ -100,3 +114,4 @@ def test_never_plans_a_fragment_on_its_home(listings: dict[str, set[str]], homed
     homes = {f: frozenset({node}) for f in homed}
     for n, fid in plan_stray_gc(homes, listings, NOW, 0):
         assert fid in homes and n not in homes[fid]
+        assert any(fid in listings.get(h, ()) for h in homes[fid])   # a copy stays
