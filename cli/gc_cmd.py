@@ -7,18 +7,25 @@ from typing import Any
 
 from cli.argtypes import non_negative
 from cli.main import drive, err, report_table, with_client
-from store.client import Client
+from store.client import VERIFY_AFTER_S, Client
+from store.errors import BadRequest
 from store.gc import DEFAULT_GRACE_S, prepare_gc
 
 SHORT_GRACE_S = 600     # below this, say what a grace shorter than a put costs
+MIN_GRACE_S = 60        # below this, only with --force (VERIFY_AFTER_S: puts check after 30 s)
 
 
 async def cmd_gc(c: Client, a: argparse.Namespace) -> int:
+    if a.grace < MIN_GRACE_S and not a.dry_run and not a.force:
+        raise BadRequest(f"a grace under {MIN_GRACE_S} s can delete the fragments of a put "
+                         "still in progress, which may then be acknowledged without them; "
+                         "--force if no put runs now (an empty cluster, a test)")
     if a.grace < SHORT_GRACE_S and not a.dry_run:
         err.print(f"[yellow]warning:[/] a grace of {a.grace:g} s deletes the fragments of any "
                   f"put still in progress that started more than {a.grace:g} s ago (its "
-                  "record is not written yet): that put then fails. Use it only when no "
-                  "put runs", highlight=False)
+                  "record is not written yet): that put then fails - a put running over "
+                  f"{VERIFY_AFTER_S:g} s checks its fragments before it commits. Use it only "
+                  "when no put runs", highlight=False)
     err.print("reading fragment listings, then metadata ...")
     worker = await prepare_gc(c, a.grace, a.dry_run)
     r = worker.report
@@ -67,4 +74,6 @@ def register(sub: Any) -> None:
                          f"(default {DEFAULT_GRACE_S:g}; must exceed the longest put)")
     gc.add_argument("--dry-run", action="store_true", help="report what is garbage, delete nothing")
     gc.add_argument("--json", action="store_true")
+    gc.add_argument("--force", action="store_true",
+                    help=f"take a grace under {MIN_GRACE_S} s (no put may be running)")
     gc.set_defaults(func=with_client(cmd_gc))

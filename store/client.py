@@ -75,6 +75,8 @@ SUSPECT_S = 10.0               # a node found stalled is passed over this long, 
 DOWN_S = 3.0                   # one that refused a connection: its fragments are read last
 DEFAULT_SEGMENT_SLOTS = 32     # segments in memory across all of a client's puts and gets
 MAX_INFLIGHT_SEGMENTS = 4      # put pipeline depth: memory ~ this x segment x (k+m)/k
+VERIFY_AFTER_S = 30.0          # a put running longer checks its fragments before the commit
+VERIFY_PARALLEL = 32           # fragment HEADs in flight for that check
 READAHEAD_SEGMENTS = 2         # get stream read-ahead
 MAX_USER_META_BYTES = 2048
 BUCKET_CACHE_TTL_S = 5.0
@@ -478,6 +480,7 @@ class Client(LoopBound):
         size = count = 0
         inflight: set[asyncio.Future[None]] = set()
         written: list[tuple[str, Node]] = []
+        started = time.monotonic()
         try:
             while True:
                 if len(inflight) >= MAX_INFLIGHT_SEGMENTS:
@@ -506,12 +509,34 @@ class Client(LoopBound):
                 del seg  # the task holds it until placed: waiting here must not
             for task in asyncio.as_completed(inflight):
                 await task
+            if time.monotonic() - started > VERIFY_AFTER_S:
+                await self._check_written(vid, written)
         except BaseException:
             for task in inflight:
                 task.cancel()
             self._spawn(self._delete_fragments(written))
             raise
         return size, count
+
+    async def _check_written(self, vid: str, written: list[tuple[str, Node]]) -> None:
+        """Unavailable unless every fragment a long put wrote is still on its node: gc
+        takes the fragments of a version that is not committed and older than its grace
+        for a dead put's, so a put running longer than the grace would otherwise be
+        committed without them - acknowledged and unreadable."""
+        sem = asyncio.Semaphore(VERIFY_PARALLEL)
+
+        async def there(fid: str, node: Node) -> bool:
+            async with sem:
+                reply = await self.t.request("HEAD", node.address, f"/v1/fragments/{fid}",
+                                             ok_404=True, timeout_s=FRAGMENT_TIMEOUT_S)
+                return reply.status != 404
+        found = await asyncio.gather(*(there(f, n) for f, n in written))
+        gone = found.count(False)
+        if gone:
+            raise Unavailable(f"{gone} of the {len(written)} fragments of version {vid} were "
+                              "deleted while the put ran (a gc whose grace is shorter than "
+                              "the put?): nothing is committed; put it again",
+                              tried=len(written), failed=gone)
 
     async def _put_segment(self, cmap: ClusterMap, pol: Policy, bucket: str, key: str,
                            vid: str, seg: int, data: bytes, handoffs: dict[str, str],

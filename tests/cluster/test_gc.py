@@ -17,7 +17,7 @@ import pytest
 
 from cli.localcluster import LocalCluster
 from store.client import Client, SyncClient
-from store.errors import NotFound
+from store.errors import NotFound, Unavailable
 from store.gc import prepare_gc
 from store.transport import quote_key
 from tests.cluster.conftest import wait_for
@@ -32,7 +32,7 @@ def run_cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[by
 
 
 def gc_json(cluster: LocalCluster, *args: str) -> dict[str, object]:
-    proc = run_cli(cluster, "gc", "--json", *args)
+    proc = run_cli(cluster, "gc", "--json", "--force", *args)   # graces under 60 s: no put runs
     assert proc.returncode == 0, proc.stderr.decode() + proc.stdout.decode()
     report: dict[str, object] = json.loads(proc.stdout)
     return report
@@ -92,7 +92,10 @@ def test_overwritten_and_deleted_fragments_and_tombstones_go(cluster: LocalClust
     assert len(of_version(cluster, old)) == 6           # a dry run deletes nothing
 
     time.sleep(0.5)                                     # every tombstone replica written
-    warned = run_cli(cluster, "gc", "--json", "--grace", "0")
+    refused = run_cli(cluster, "gc", "--json", "--grace", "0")
+    assert refused.returncode == 2 and b"--force if no put runs" in b" ".join(refused.stderr.split())
+    assert len(of_version(cluster, old)) == 6           # refused: nothing deleted
+    warned = run_cli(cluster, "gc", "--json", "--grace", "0", "--force")
     assert b"a grace of 0 s deletes the fragments of any put still in progress" in \
         b" ".join(warned.stderr.split())
     rep = json.loads(warned.stdout)
@@ -324,3 +327,34 @@ def test_strays_are_kept_when_the_map_changes_while_gc_runs(
     assert rep["fragments_stray"] == 1 and rep["strays_kept"] == 0, rep
     assert f"{version}.0.0" not in harness.fragments_on_disk(cluster.nodes[target].data)
     assert client.get("strays", "moved") == data
+
+
+def test_a_put_whose_fragments_gc_took_fails_instead_of_committing(
+        cluster: LocalCluster, client: SyncClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gc takes the fragments of a version that is not committed and older than its grace
+    for a dead put's. A put running longer than that grace (here: gc with grace 0 between
+    its first segment and the rest) used to commit anyway - acknowledged, unreadable. A
+    put that ran past VERIFY_AFTER_S checks its fragments first: it fails, nothing is
+    committed, the key stays as it was."""
+    import store.client as client_module
+    monkeypatch.setattr(client_module, "VERIFY_AFTER_S", 0.5)
+    if "long-puts" not in client.list_buckets():
+        client.create_bucket("long-puts")
+    seg = 4 * 1024 * 1024
+
+    async def put_across_a_gc() -> str:
+        async with Client.connect(cluster.path) as c, Client.connect(cluster.path) as other:
+            async def source() -> Any:
+                yield os.urandom(seg)                 # segment 0: written meanwhile
+                await asyncio.sleep(1.0)
+                await (await prepare_gc(other, 0.0)).run()    # takes segment 0's fragments
+                yield os.urandom(seg)
+            try:
+                await c.put("long-puts", "slow", source())
+            except Unavailable as exc:
+                return exc.message
+            return "acknowledged"
+    said = asyncio.run(put_across_a_gc())
+    assert "were deleted while the put ran" in said, said
+    with pytest.raises(NotFound):
+        client.head("long-puts", "slow")

@@ -112,7 +112,7 @@ def test_puts_hand_fragments_of_a_stalled_node_to_handoffs(seven: LocalCluster) 
             assert c.get("slowput", k) == v
     # gc keeps every fragment the records put on handoff nodes (and drops any copy the
     # resumed node wrote after the client had moved on): nothing goes missing
-    gc = run_cli(seven, "gc", "--grace", "0", "--json")
+    gc = run_cli(seven, "gc", "--grace", "0", "--force", "--json")
     assert gc.returncode == 0, gc.stderr
     rep = run_cli(seven, "repair", "--dry-run", "--json")
     assert rep.returncode == 0 and json.loads(rep.stdout)["fragments_missing"] == 0, rep.stdout
