@@ -551,7 +551,14 @@ async def cmd_repair(c: Client, a: argparse.Namespace) -> int:
             out.print(f"[red]unrecoverable:[/] {name}", highlight=False)
         for e in rep["errors"]:
             err.print(f"[yellow]warning:[/] {e}", highlight=False)
-    return 1 if rep["unrecoverable"] or rep["failed"] else 0
+    if rep["unlisted"]:     # a cluster failure: what they hold was not checked
+        down = ", ".join(rep["unlisted"])
+        err.print(f"incomplete: storage node{'s' if len(rep['unlisted']) > 1 else ''} {down} "
+                  "did not answer: the fragments the map places there were not checked or "
+                  "rebuilt. Start them and run `ecstore repair` again; for a node gone for "
+                  "good, take it out of the map (`ecstore ring remove`, or `cluster "
+                  "remove-node`) and repair rebuilds what it held", highlight=False)
+    return 1 if rep["unrecoverable"] or rep["failed"] or rep["unlisted"] else 0
 
 
 # ---- parser ---------------------------------------------------------------------------

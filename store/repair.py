@@ -15,7 +15,7 @@ from typing import Any
 from placement.cluster_map import ClusterMap
 from placement.nodes import Node
 from store import codec
-from store.client import Client, expected_fragment_nodes
+from store.client import Client, expected_fragment_nodes, record_policy
 from store.errors import EcstoreError
 from store.striping import fragment_id, record_extents
 from store.workers import Checkpoint, RateLimiter, WorkReport, all_listings, live_records
@@ -52,14 +52,22 @@ def expected_nodes(cmap: ClusterMap, record: dict[str, Any], seg: int) -> list[N
 
 def plan_object(cmap: ClusterMap, bucket: str, key: str, record: dict[str, Any],
                 listings: Mapping[str, set[str]]) -> ObjectPlan:
-    """Which fragments of this object are missing, from the nodes' listings (pure)."""
+    """Which fragments of this object are missing, from the nodes' listings (pure). A
+    fragment not yet moved by a rebalance - still where the previous epoch's ring put it,
+    where readers look too - is present (read from there), not missing."""
     out = []
     n = record["k"] + record["m"]
+    pol = record_policy(cmap, record)
     for ext, seg in ((e, s) for e in record_extents(record) for s in range(e.segments)):
         nodes = expected_fragment_nodes(cmap, record, seg, ext)
         known = [i for i in range(n) if nodes[i].id in listings]  # skip unreachable nodes
         present = {i: nodes[i] for i in known
                    if fragment_id(ext.version_id, seg, i) in listings[nodes[i].id]}
+        for i in known:
+            prev = cmap.previous_fragment_node(pol, ext.version_id, seg, i)
+            if i not in present and prev is not None \
+                    and fragment_id(ext.version_id, seg, i) in listings.get(prev.id, ()):
+                present[i] = prev
         missing = tuple(i for i in known if i not in present)
         if missing:
             out.append(SegmentRepair(seg, missing, present, {i: nodes[i] for i in missing},
@@ -78,6 +86,7 @@ class RepairReport(WorkReport):
     unrecoverable: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    unlisted: list[str] = field(default_factory=list)   # storage nodes not checked: down
 
     def to_dict(self) -> dict[str, Any]:
         return {**super().to_dict(), "rebuilt_mb_s": self.mb_s(self.bytes_rebuilt)}
@@ -171,4 +180,5 @@ async def prepare_repair(c: Client, dry_run: bool = False, rate_mb_s: float = 0.
     listings, errors = await all_listings(c, cmap.all_storage_nodes())
     worker = RepairWorker(c, cmap, listings, records, dry_run, rate_mb_s, state_path)
     worker.report.errors += errors
+    worker.report.unlisted = sorted(n.id for n in cmap.all_storage_nodes() if n.id not in listings)
     return worker

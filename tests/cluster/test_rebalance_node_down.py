@@ -126,3 +126,18 @@ def test_draining_a_dead_node_fails_until_repair_rebuilt_what_it_held(
     assert done["drained"] is True
     assert "s7" not in LocalCluster.load(cluster.dir).nodes and pending(cluster) == []
     check_all_without(cluster, objects, "s4", "s5")
+
+
+def test_repair_with_a_node_down_says_it_is_incomplete(cluster: LocalCluster,
+                                                       objects: dict[str, bytes]) -> None:
+    """The fragments the map places on a node that does not answer are neither checked nor
+    rebuilt: repair said nothing was missing and exited 0. It says which node, exits 1."""
+    LocalCluster.load(cluster.dir).kill_node("s6")
+    try:
+        proc = run(cluster, "repair", "--dry-run", "--json")
+        assert proc.returncode == 1, proc.stderr.decode()
+        assert json.loads(proc.stdout)["unlisted"] == ["s6"]
+        assert "incomplete: storage node s6 did not answer" in said(proc)
+    finally:
+        bring_back(cluster, "s6")
+    assert json.loads(ok(cluster, "repair", "--dry-run", "--json").stdout)["unlisted"] == []
