@@ -284,8 +284,10 @@ async def cmd_rebalance(c: Client, a: argparse.Namespace) -> int:
     if reports[-1].incomplete and not a.dry_run:
         err.print(f"not settled: {unlisted_note(reports[-1])}; the map keeps the previous "
                   "placement, where readers still look. Start them and run `ecstore "
-                  "rebalance` again; for a node gone for good, `ecstore repair` rebuilds "
-                  "what it held and the next rebalance settles", highlight=False)
+                  "rebalance` again; for a node gone for good, take it out of the map "
+                  "(`ecstore cluster remove-node` or `ring remove --force`), run `ecstore "
+                  "repair` (it rebuilds what the node held) and the next rebalance settles",
+                  highlight=False)
         return 1
     return 1 if rep["failed"] or rep["metadata"]["failed"] else 0
 
