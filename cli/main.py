@@ -522,9 +522,16 @@ def report_table(title: str, rows: list[tuple[str, object]], errors: list[str]) 
 
 async def cmd_repair(c: Client, a: argparse.Namespace) -> int:
     from store.cluster import state_path
-    from store.repair import prepare_repair
+    from store.workers import only_one
 
     state = state_path(a.cluster, "repair.state.json")
+    with only_one(state, "repair") if not a.dry_run else contextlib.nullcontext():
+        return await _repair(c, a, state)
+
+
+async def _repair(c: Client, a: argparse.Namespace, state: Path) -> int:
+    from store.repair import prepare_repair
+
     if a.restart:
         state.unlink(missing_ok=True)
     err.print("reading metadata and fragment listings ...")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -17,6 +18,7 @@ from placement.nodes import Node
 from store.client import MAP_TTL_S, Client
 from store.cluster import state_path
 from store.errors import BadRequest, EcstoreError, NotFound, Unavailable
+from store.workers import only_one
 
 
 def ring_rows(cmap: ClusterMap) -> list[dict[str, Any]]:
@@ -237,11 +239,16 @@ async def cmd_rebalance(c: Client, a: argparse.Namespace) -> int:
     that moved something is followed by another once every client holds the new map
     (writers with a map up to MAP_TTL_S old may have placed fragments the old way while
     it ran), up to DRAIN_PASSES; once a pass finds nothing to move, the map drops the
-    previous placement and the next ring change is allowed."""
+    previous placement and the next ring change is allowed. One at a time (only_one)."""
+    state = state_path(a.cluster, "rebalance.state.json")
+    with only_one(state, "rebalance") if not a.dry_run else contextlib.nullcontext():
+        return await _rebalance(c, a, state)
+
+
+async def _rebalance(c: Client, a: argparse.Namespace, state: Path) -> int:
     from cli.main import drive, err, human, report_table
     from store.rebalance import prepare_rebalance
 
-    state = state_path(a.cluster, "rebalance.state.json")
     err.print("reading metadata and fragment listings ...")
     w = await prepare_rebalance(c, a.dry_run, a.rate, state)
     if w.resumed_after:
@@ -410,7 +417,8 @@ def cmd_remove_node(a: argparse.Namespace) -> int:
             return ""
         finally:
             await c.close()
-    problem = asyncio.run(drain())
+    with only_one(state_path(str(cluster.path), "rebalance.state.json"), "rebalance"):
+        problem = asyncio.run(drain())   # its passes are rebalances: not beside another
     if problem:    # a cluster failure (exit 1), not a mistake in the request
         if a.json:
             print(json.dumps({**summary, "drained": False}, indent=2))

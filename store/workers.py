@@ -3,16 +3,19 @@ what exists (live records, fragment listings), pacing, resumable position, repor
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
 import logging
+import os
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from placement.nodes import Node
 from store.client import Client
-from store.errors import NotFound
+from store.errors import Conflict, NotFound
 from store.wire import unpack
 
 log = logging.getLogger("ecstore.workers")
@@ -92,6 +95,33 @@ class RateLimiter:
         ahead_s = self.bytes / self.rate_b_s - (time.monotonic() - self.start)
         if ahead_s > 0:
             await asyncio.sleep(ahead_s)
+
+
+@contextlib.contextmanager
+def only_one(state: Path, what: str) -> Iterator[None]:
+    """Hold an exclusive lock beside a resumable command's state file for its run: a second
+    run of the same command from this machine is refused (Conflict) instead of racing the
+    first over the same fragments and the same state file. Where no lock file can be made
+    (a read-only place), the run goes on unlocked, as it goes on unsaved."""
+    lock = state.with_suffix(".lock")
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise Conflict(f"another {what} is running (pid {holder}, lock {lock}): wait for "
+                           "it to finish, or stop it first") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)
 
 
 class Checkpoint:

@@ -141,3 +141,17 @@ def test_repair_with_a_node_down_says_it_is_incomplete(cluster: LocalCluster,
     finally:
         bring_back(cluster, "s6")
     assert json.loads(ok(cluster, "repair", "--dry-run", "--json").stdout)["unlisted"] == []
+
+
+def test_a_second_rebalance_or_repair_is_refused_while_one_runs(cluster: LocalCluster) -> None:
+    """Two rebalances at once raced over the same fragments ("not found" failures) and the
+    same state file; now the second is refused, naming the first's pid, until it ends."""
+    from store.cluster import state_path
+    from store.workers import only_one
+    for what in ("rebalance", "repair"):
+        with only_one(state_path(str(cluster.path), f"{what}.state.json"), what):
+            proc = run(cluster, what)
+            assert proc.returncode == 2, proc.stderr.decode()
+            assert f"another {what} is running (pid {os.getpid()}" in said(proc)
+            assert run(cluster, what, "--dry-run").returncode == 0   # reads only: allowed
+        ok(cluster, what)
