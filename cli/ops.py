@@ -270,6 +270,8 @@ async def _rebalance(c: Client, a: argparse.Namespace, state: Path) -> int:
             nxt.finish()
             return nxt.report
         settled = await passes_until_still(c, again, reports, retry_failed=False)
+        # nothing to settle is settled: no ring change waits for a rebalance
+        settled = settled or not (await c.cluster_map(refresh=True)).previous_storage_rings
     for more in reports[1:]:
         for field in ("moved", "bytes_moved", "skipped", "failed"):
             rep[field] += getattr(more, field)

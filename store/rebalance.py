@@ -128,7 +128,9 @@ class RebalanceWorker:
         reply = await self.c.t.request("GET", mv.source.address, path, timeout_s=60,
                                        headers={UNCACHED_HEADER: UNCACHED})
         if not digest_matches(reply.body, reply.headers.get(CHECKSUM_HEADER)):
-            raise Corrupt(f"{mv.fid} from {mv.source.id} failed its checksum in transit")
+            raise Corrupt(f"{mv.fid} from {mv.source.id} failed its checksum (damaged on that node, or in transit): "
+                          "not moved; the node quarantines it when it reads it, and repair "
+                          "rebuilds it")
         meta = unpack_header(reply.headers.get(FRAGMENT_META_HEADER))
         await self.c.put_fragment(mv.target, mv.fid, reply.body, meta, cache=False)
         await self.c.t.request("DELETE", mv.source.address, path, timeout_s=30)
