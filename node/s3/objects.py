@@ -412,6 +412,8 @@ async def copy_object(ctx: S3Ctx) -> web.StreamResponse:
     info = await ctx.client.put(ctx.bucket, ctx.key, aiter(stream), content_type=content_type,
                                 meta=meta, extra=lambda: {"etag": stream.md5_hex(),
                                                           "headers": keep, "acl": acl,
+                                                          # the same bytes: the same sums
+                                                          "checksums": rec.get("checksums") or {},
                                                           **class_field(cls)},
                                 **await class_writes(ctx.client, cls))
     body = doc("CopyObjectResult", el("LastModified", iso8601(info.ts)),

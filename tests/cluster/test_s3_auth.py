@@ -360,3 +360,15 @@ def test_malformed_headers_are_400_not_500(gateway: Gateway, bucket: str, ragged
                        headers={"If-Modified-Since": "not a date", "If-Unmodified-Since": "yesterday"})
     assert resp.status == 200 and resp.body == ragged   # an invalid date is ignored (RFC 7232)
 
+
+
+def test_a_copy_keeps_the_checksum_of_the_bytes_it_copies(s3: BaseClient, bucket: str) -> None:
+    """The same bytes, the same sums: a GET of the copy with ChecksumMode answers the
+    source's SHA-256 (a copy dropped it)."""
+    data = blob(120_000, 9)
+    sent = s3.put_object(Bucket=bucket, Key="crc/src", Body=data, ChecksumAlgorithm="SHA256")
+    s3.copy_object(Bucket=bucket, Key="crc/copy", CopySource={"Bucket": bucket, "Key": "crc/src"})
+    got = s3.get_object(Bucket=bucket, Key="crc/copy", ChecksumMode="ENABLED")
+    assert got["Body"].read() == data
+    assert got["ChecksumSHA256"] == sent["ChecksumSHA256"] == \
+        b64encode(hashlib.sha256(data).digest()).decode()
