@@ -196,15 +196,40 @@ async def list_uploads(ctx: S3Ctx) -> web.StreamResponse:
     ups = [u for u in await mp.list_uploads(ctx.client, ctx.bucket, prefix)
            if (u["key"], u["upload_id"]) > (key_marker, id_marker if id_marker else "\U0010ffff")
            or (not key_marker)]
-    page, truncated = ups[:max_uploads], len(ups) > max_uploads
+    delimiter = ctx.query.get("delimiter", "")
+    entries = rolled_uploads(ups, prefix, delimiter, key_marker)
+    page, truncated = entries[:max_uploads], len(entries) > max_uploads
     owner = bucket_owner(brec)
     head = [el("Bucket", ctx.bucket), el("KeyMarker", key_marker),
             el("UploadIdMarker", id_marker), el("Prefix", prefix),
+            *([el("Delimiter", delimiter)] if delimiter else []),
             el("MaxUploads", max_uploads), el("IsTruncated", truncated)]
     if truncated and page:
-        head += [el("NextKeyMarker", page[-1]["key"]), el("NextUploadIdMarker", page[-1]["upload_id"])]
+        last = page[-1]
+        head += ([el("NextKeyMarker", last), el("NextUploadIdMarker", "")] if isinstance(last, str)
+                 else [el("NextKeyMarker", last["key"]),
+                       el("NextUploadIdMarker", last["upload_id"])])
     items = [el("Upload", [el("Key", u["key"]), el("UploadId", u["upload_id"]),
                            owner_xml(owner, "Initiator"), owner_xml(owner),
                            el("StorageClass", u["storage_class"] or "STANDARD"),
-                           el("Initiated", iso8601(int(u["initiated"] * 1e9)))]) for u in page]
-    return xml_response(doc("ListMultipartUploadsResult", *head, *items))
+                           el("Initiated", iso8601(int(u["initiated"] * 1e9)))])
+             for u in page if not isinstance(u, str)]
+    prefixes = [el("CommonPrefixes", [el("Prefix", p)]) for p in page if isinstance(p, str)]
+    return xml_response(doc("ListMultipartUploadsResult", *head, *items, *prefixes))
+
+
+def rolled_uploads(ups: list[dict[str, Any]], prefix: str, delimiter: str,
+                   key_marker: str) -> list[dict[str, Any] | str]:
+    """Uploads in key order, those whose key holds `delimiter` after the prefix rolled up
+    into their common prefix (a str, listed once, counted as one entry, as S3 does); a
+    key marker that is such a prefix (a NextKeyMarker) skips every upload under it."""
+    out: list[dict[str, Any] | str] = []
+    for u in ups:
+        cut = u["key"].find(delimiter, len(prefix)) if delimiter else -1
+        if cut < 0:
+            out.append(u)
+            continue
+        common = u["key"][:cut + len(delimiter)]
+        if common != key_marker and (not out or out[-1] != common):
+            out.append(common)
+    return out

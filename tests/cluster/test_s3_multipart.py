@@ -223,6 +223,33 @@ def test_list_uploads_by_prefix_with_several_uploads_of_one_key(s3: BaseClient, 
             s3.abort_multipart_upload(Bucket=BUCKET, Key=k, UploadId=uid)
 
 
+def test_list_uploads_with_a_delimiter_rolls_keys_up_into_common_prefixes(
+        s3: BaseClient, bucket: str) -> None:
+    """As ListObjects: uploads whose key holds the delimiter after the prefix are one
+    CommonPrefix each, counted as one entry, and paging resumes after the prefix."""
+    ids = [(k, s3.create_multipart_upload(Bucket=BUCKET, Key=k)["UploadId"])
+           for k in ("ld/a", "ld/d1/x", "ld/d1/y", "ld/d2/z", "ld/e")]
+    try:
+        whole = s3.list_multipart_uploads(Bucket=BUCKET, Prefix="ld/", Delimiter="/")
+        assert [u["Key"] for u in whole["Uploads"]] == ["ld/a", "ld/e"]
+        assert [p["Prefix"] for p in whole["CommonPrefixes"]] == ["ld/d1/", "ld/d2/"]
+        seen: list[str] = []
+        marker = {}
+        for _ in range(10):                  # pages of two entries
+            page = s3.list_multipart_uploads(Bucket=BUCKET, Prefix="ld/", Delimiter="/",
+                                             MaxUploads=2, **marker)
+            seen += [u["Key"] for u in page.get("Uploads", [])]
+            seen += [p["Prefix"] for p in page.get("CommonPrefixes", [])]
+            if not page["IsTruncated"]:
+                break
+            marker = {"KeyMarker": page["NextKeyMarker"],
+                      "UploadIdMarker": page["NextUploadIdMarker"]}
+        assert sorted(seen) == ["ld/a", "ld/d1/", "ld/d2/", "ld/e"]
+    finally:
+        for k, uid in ids:
+            s3.abort_multipart_upload(Bucket=BUCKET, Key=k, UploadId=uid)
+
+
 @pytest.mark.parametrize("number", [0, 10001])
 def test_a_part_number_outside_1_to_10000_is_invalid_argument(gateway: Gateway, s3: BaseClient,
                                                               bucket: str, number: int) -> None:
