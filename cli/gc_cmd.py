@@ -7,12 +7,12 @@ from typing import Any
 
 from cli.argtypes import non_negative
 from cli.main import drive, err, report_table, with_client
-from store.client import VERIFY_AFTER_S, Client
+from store.client import INTENT_AFTER_S, Client
 from store.errors import BadRequest
 from store.gc import DEFAULT_GRACE_S, prepare_gc
 
 SHORT_GRACE_S = 600     # below this, say what a grace shorter than a put costs
-MIN_GRACE_S = 60        # below this, only with --force (VERIFY_AFTER_S: puts check after 30 s)
+MIN_GRACE_S = 60        # below this, only with --force: puts tell gc they run after INTENT_AFTER_S
 
 
 async def cmd_gc(c: Client, a: argparse.Namespace) -> int:
@@ -23,9 +23,9 @@ async def cmd_gc(c: Client, a: argparse.Namespace) -> int:
     if a.grace < SHORT_GRACE_S and not a.dry_run:
         err.print(f"[yellow]warning:[/] a grace of {a.grace:g} s deletes the fragments of any "
                   f"put still in progress that started more than {a.grace:g} s ago (its "
-                  "record is not written yet): that put then fails - a put running over "
-                  f"{VERIFY_AFTER_S:g} s checks its fragments before it commits. Use it only "
-                  "when no put runs", highlight=False)
+                  "record is not written yet) unless the put has told gc it runs (after "
+                  f"{INTENT_AFTER_S:g} s): that put then fails. Use it only when no put "
+                  "runs", highlight=False)
     err.print("reading fragment listings, then metadata ...")
     worker = await prepare_gc(c, a.grace, a.dry_run)
     r = worker.report

@@ -45,7 +45,7 @@ from store.errors import (
 )
 from store.listing import ListResult, merge_listing
 from store.metadata import MetaQuorum, effective_quorums, first_answers
-from store.names import SYSTEM_BUCKETS, check_bucket_name, check_key, check_new_key
+from store.names import PUTS_BUCKET, SYSTEM_BUCKETS, check_bucket_name, check_key, check_new_key
 from store.striping import Extent, extent_slices, fragment_id, plan_fetches, record_extents, resolve_range
 from store.transport import LoopBound, Transport, operation, quote_key, retrieved, traced_stream
 from store.wire import (
@@ -76,6 +76,9 @@ DOWN_S = 3.0                   # one that refused a connection: its fragments ar
 DEFAULT_SEGMENT_SLOTS = 32     # segments in memory across all of a client's puts and gets
 MAX_INFLIGHT_SEGMENTS = 4      # put pipeline depth: memory ~ this x segment x (k+m)/k
 VERIFY_AFTER_S = 30.0          # a put running longer checks its fragments before the commit
+INTENT_AFTER_S = 20.0          # a put running this long tells gc so (PUTS_BUCKET) ...
+INTENT_REFRESH_S = 40.0        # ... again this often while it runs ...
+INTENT_TTL_S = 120.0           # ... each telling good for this long
 VERIFY_PARALLEL = 32           # fragment HEADs in flight for that check
 READAHEAD_SEGMENTS = 2         # get stream read-ahead
 MAX_USER_META_BYTES = 2048
@@ -481,6 +484,7 @@ class Client(LoopBound):
         inflight: set[asyncio.Future[None]] = set()
         written: list[tuple[str, Node]] = []
         started = time.monotonic()
+        announcer = asyncio.ensure_future(self._announce(bucket, key, vid))
         try:
             while True:
                 if len(inflight) >= MAX_INFLIGHT_SEGMENTS:
@@ -516,7 +520,25 @@ class Client(LoopBound):
                 task.cancel()
             self._spawn(self._delete_fragments(written))
             raise
+        finally:    # the last telling stays good INTENT_TTL_S: past the caller's commit
+            announcer.cancel()
         return size, count
+
+    async def _announce(self, bucket: str, key: str, vid: str) -> None:
+        """Tell gc that this put runs, once it has run INTENT_AFTER_S, and again every
+        INTENT_REFRESH_S: a record PUTS_BUCKET/vid good until INTENT_TTL_S later, which gc
+        reads before the object records (store.gc) and whose version it keeps - a put
+        longer than gc's grace keeps its fragments. Best effort: without it (control
+        nodes unreachable) the put goes on, and checks its fragments before its commit."""
+        await asyncio.sleep(INTENT_AFTER_S)
+        while True:
+            now = time.time_ns()
+            with contextlib.suppress(EcstoreError):
+                await self.commit(PUTS_BUCKET, vid, {
+                    "ts": now, "version_id": new_version_id(), "deleted": False,
+                    "bucket": bucket, "key": key, "put_version": vid,
+                    "until_ns": now + int(INTENT_TTL_S * 1e9)})
+            await asyncio.sleep(INTENT_REFRESH_S)
 
     async def _check_written(self, vid: str, written: list[tuple[str, Node]]) -> None:
         """Unavailable unless every fragment a long put wrote is still on its node: gc

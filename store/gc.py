@@ -6,10 +6,14 @@ one rule covers the fragments of puts that never committed, of overwritten versi
 and of deleted objects; a put still in flight is younger than the grace, so it is kept.
 
 Ordering matters (see `prepare_gc`): the fragment listings are gathered FIRST, then the
-clock is read, then the live records. Any version committed before its key's record is
-read is therefore seen as live, and a version that is neither live nor young belongs to
-a put that has been running for longer than the grace period: the grace must be longer
-than any put (the default, an hour, is).
+clock is read, then the records of running puts, then the live records. Any version
+committed before its key's record is read is therefore seen as live, and a version that
+is neither live nor young belongs to a put that has been running for longer than the
+grace period - which says so: a put running over INTENT_AFTER_S (20 s) keeps a record
+in PUTS_BUCKET, refreshed while it runs (store.client), and its version is kept. A put
+that commits after the running puts were read was running then. The CLI takes graces of
+60 s and more only (--force below), so every put older than the grace has told. Such a
+record that has expired (its put ended, or its client died) is tombstoned here.
 
 A fragment of a live version is a stray when it sits on a node where that version's record
 does not put it: not the node the map names for it, not a recorded handoff, not where the
@@ -43,11 +47,11 @@ from typing import Any
 
 from placement.cluster_map import ClusterMap
 from placement.nodes import Node
-from store.client import Client, expected_fragment_nodes, record_policy
+from store.client import Client, expected_fragment_nodes, new_version_id, record_policy
 from store.errors import EcstoreError, NotFound, Unavailable
 from store.metadata import META_TIMEOUT_S
 from store.multipart import part_versions
-from store.names import SYSTEM_BUCKETS
+from store.names import PUTS_BUCKET, SYSTEM_BUCKETS
 from store.striping import fragment_id, record_extents
 from store.transport import quote_key
 from store.wire import pack, unpack
@@ -133,6 +137,28 @@ def record_homes(cmap: ClusterMap, record: Mapping[str, Any]) -> dict[str, froze
     return out
 
 
+async def running_puts(c: Client, now_ns: int) -> tuple[set[str], list[str]]:
+    """(the versions of the puts whose PUTS_BUCKET record is still good, the names of the
+    records that have expired)."""
+    running: set[str] = set()
+    expired: list[str] = []
+    after = ""
+    for _ in range(100_000):
+        page = await c.list_namespace(PUTS_BUCKET, start_after=after, max_keys=1000)
+        for o in page.objects:
+            rec = await c.read_record(PUTS_BUCKET, o.key)
+            if rec is None or rec.get("deleted"):
+                continue
+            if int(rec.get("until_ns") or 0) > now_ns:
+                running.add(str(rec.get("put_version")))
+            else:
+                expired.append(o.key)
+        if not page.truncated or not page.objects:
+            break
+        after = page.next_start_after
+    return running, expired
+
+
 def _order(r: Mapping[str, Any]) -> tuple[int, str]:
     return int(r["ts"]), str(r["version_id"])
 
@@ -177,6 +203,7 @@ class GcReport(WorkReport):
     fragments_deleted: int = 0
     fragments_stray: int = 0             # copies of live fragments where no reader looks
     strays_kept: int = 0                 # ... left for the next run: the map changed
+    puts_running: int = 0                # puts that said they run: their fragments kept
     bytes_deleted: int | None = None     # unknown: a storage node's DELETE does not say
     kept_live: int = 0
     kept_young: int = 0
@@ -359,10 +386,12 @@ async def prepare_gc(c: Client, grace_s: float = DEFAULT_GRACE_S,
     cmap = await c.cluster_map(refresh=True)
     listings, errors = await all_listings(c, cmap.all_storage_nodes())
     now_ns = time.time_ns()                           # after the listings, before the records
+    running, expired = await running_puts(c, now_ns)  # before the records: see the docstring
     scan = await control_scan(c, cmap)
     live: set[str] = {r["version_id"] for rows in scan.values() for r in rows.values()
                       if not r.get("deleted")}        # any replica's live record is kept
     live.update(await part_versions(c))  # parts before objects: see store.multipart
+    live.update(running)
     homes: dict[str, frozenset[str]] = {}
     async for _, _, rec in live_records(c):
         live.add(rec["version_id"])
@@ -372,6 +401,11 @@ async def prepare_gc(c: Client, grace_s: float = DEFAULT_GRACE_S,
     strays = plan_stray_gc(homes, listings, now_ns, grace_s)
     tombstones = sorted({bk for rows in scan.values() for bk, r in rows.items() if r.get("deleted")})
     worker = GcWorker(c, cmap, garbage, tombstones, now_ns, grace_s, dry_run, strays)
+    worker.report.puts_running = len(running)
+    if not dry_run:
+        for name in expired:     # its put ended long ago: the record goes, as a tombstone
+            await c.commit(PUTS_BUCKET, name, {"ts": time.time_ns(),
+                                               "version_id": new_version_id(), "deleted": True})
     if strays and not await worker.map_unchanged():   # changed while the listings were read
         worker.keep_strays()
     rep = worker.report

@@ -14,7 +14,8 @@ UPLOADS_BUCKET = "_uploads"    # multipart uploads in progress
 PARTS_BUCKET = "_parts"        # their parts
 KEYS_BUCKET = "_keys"          # S3 access keys
 OPS_BUCKET = "_ops"            # progress of the CLI's workers, key = WORKER_OPS (for /metrics)
-SYSTEM_BUCKETS = frozenset({UPLOADS_BUCKET, PARTS_BUCKET, KEYS_BUCKET, OPS_BUCKET})
+PUTS_BUCKET = "_puts"          # puts running long, key = their version id (for gc)
+SYSTEM_BUCKETS = frozenset({UPLOADS_BUCKET, PARTS_BUCKET, KEYS_BUCKET, OPS_BUCKET, PUTS_BUCKET})
 WORKER_OPS = ("repair", "rebalance", "gc", "tier")
 
 

@@ -358,3 +358,45 @@ def test_a_put_whose_fragments_gc_took_fails_instead_of_committing(
     assert "were deleted while the put ran" in said, said
     with pytest.raises(NotFound):
         client.head("long-puts", "slow")
+
+
+def test_a_put_that_told_gc_it_runs_keeps_its_fragments_whatever_the_grace(
+        cluster: LocalCluster, client: SyncClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A put running past INTENT_AFTER_S keeps a record in PUTS_BUCKET (refreshed while it
+    runs) that gc reads before the object records: gc with grace 0 in the middle of the
+    put keeps its fragments, the put commits and reads back whole. Once the record has
+    expired, the next gc tombstones it."""
+    import store.client as client_module
+    from store.names import PUTS_BUCKET
+    monkeypatch.setattr(client_module, "INTENT_AFTER_S", 0.2)
+    monkeypatch.setattr(client_module, "INTENT_REFRESH_S", 0.3)
+    monkeypatch.setattr(client_module, "INTENT_TTL_S", 1.5)
+    if "long-puts" not in client.list_buckets():
+        client.create_bucket("long-puts")
+    parts = [os.urandom(4 * 1024 * 1024) for _ in range(3)]
+
+    async def put_across_a_gc() -> tuple[dict[str, Any], str]:
+        async with Client.connect(cluster.path) as c, Client.connect(cluster.path) as other:
+            async def source() -> Any:
+                yield parts[0]
+                await asyncio.sleep(1.0)             # told by now (after 0.2 s)
+                report = await (await prepare_gc(other, 0.0)).run()
+                yield parts[1]
+                yield parts[2]
+                seen.append(report.to_dict())
+            seen: list[dict[str, Any]] = []
+            info = await c.put("long-puts", "told", source())
+            return seen[0], info.version_id
+    report, version = asyncio.run(put_across_a_gc())
+    assert report["puts_running"] == 1, report
+    assert client.get("long-puts", "told") == b"".join(parts)
+
+    async def intent() -> dict[str, Any] | None:
+        async with Client.connect(cluster.path) as c:
+            return await c.read_record(PUTS_BUCKET, version)
+    told = asyncio.run(intent())
+    assert told is not None and not told["deleted"] and told["put_version"] == version
+    time.sleep(1.6)                                   # past INTENT_TTL_S: expired
+    gc_json(cluster, "--grace", "3600")
+    told = asyncio.run(intent())
+    assert told is not None and told["deleted"]
