@@ -6,7 +6,8 @@
     dcp.load(state, storage_reader=reader)
 
 Layout under BUCKET/PREFIX/: one directory per checkpoint generation, with each rank's
-shard objects `GEN/__<rank>_<n>.distcp` (every item torch.save'd back to back, as
+shard objects `GEN/__<rank>_<save>_<n>.distcp` (`save`: a token of this save, so two
+saves of one generation never write into each other's objects; every item torch.save'd back to back, as
 FileSystemWriter writes them) and `GEN/.metadata` (the pickled DCP Metadata), plus the
 `latest` object naming the newest complete generation. The coordinator writes `.metadata`
 in finish(), which DCP calls only after every rank's shard objects are committed, and then
@@ -164,6 +165,7 @@ class Generation:
     newest_ns: int              # the newest object under it
     objects: int
     size_bytes: int
+    shards_only: bool = True    # nothing under it but shard objects (what a save writes)
 
 
 def group_generations(entries: Sequence[ListEntry], prefix: str) -> list[Generation]:
@@ -178,8 +180,12 @@ def group_generations(entries: Sequence[ListEntry], prefix: str) -> list[Generat
     gens = []
     for name, items in acc.items():
         meta = next((e for e in items if e.key == f"{base}{name}/{METADATA_NAME}"), None)
+        inner = [e.key[len(base) + len(name) + 1:] for e in items]
+        shards = all("/" not in r and r.startswith("__") and r.endswith(SHARD_SUFFIX)
+                     for r in inner if r != METADATA_NAME)
         gens.append(Generation(name, meta is not None, meta.ts if meta else None,
-                               max(e.ts for e in items), len(items), sum(e.size for e in items)))
+                               max(e.ts for e in items), len(items), sum(e.size for e in items),
+                               shards))
     return sorted(gens, key=lambda g: (g.committed_ns or g.newest_ns, g.name))
 
 
@@ -187,14 +193,16 @@ def choose_prune(gens: Sequence[Generation], latest: str | None, keep: int) -> l
     """Generations to delete so that the `keep` newest complete ones remain (always
     including the one `latest` names), plus incomplete ones whose every object is older
     than the newest commit: saves that failed. An incomplete generation written since then
-    may be a save in flight and is left alone."""
+    may be a save in flight and is left alone; so is anything under PREFIX/NAME/ that is
+    not only shard objects - another job's checkpoints under a longer prefix (their own
+    generations and `latest`), or objects of anyone's: prune deletes only what saves made."""
     assert keep >= 1
     complete = sorted((g for g in gens if g.complete), key=lambda g: (g.committed_ns or 0, g.name))
     kept = {g.name for g in complete[-keep:]} | ({latest} if latest else set())
     newest_commit = max((g.committed_ns or 0 for g in complete), default=0)
-    doomed = [g.name for g in complete if g.name not in kept]
-    doomed += [g.name for g in gens if not g.complete and g.newest_ns < newest_commit
-               and g.name != latest]
+    doomed = [g.name for g in complete if g.name not in kept and g.shards_only]
+    doomed += [g.name for g in gens if not g.complete and g.shards_only
+               and g.newest_ns < newest_commit and g.name != latest]
     return doomed
 
 
@@ -278,7 +286,7 @@ class _RankPlan:
 @dataclass(frozen=True)
 class _ShardPlan:
     generation: str
-    object_prefix: str          # "__<rank>_"
+    object_prefix: str          # "__<rank>_<save>_": this save's, of this rank
 
 
 class _Storage(_Connected):
@@ -356,7 +364,12 @@ class EcstoreWriter(_Storage, StorageWriter):
         gen = gen or new_generation_name(time.time_ns(), secrets.token_hex(3))
         self._io.run(self._claim(gen))
         self.generation = gen
-        return [dataclasses.replace(p, storage_data=_ShardPlan(gen, f"__{i}_")) for i, p in enumerate(plans)]
+        # each save's shard names are its own: a second save of the same generation (a
+        # restarted job while the old one still runs) writes other objects, never into
+        # the ones the first save's .metadata names - so no load mixes the two
+        save = secrets.token_hex(4)
+        return [dataclasses.replace(p, storage_data=_ShardPlan(gen, f"__{i}_{save}_"))
+                for i, p in enumerate(plans)]
 
     async def _claim(self, gen: str) -> None:
         key = self.key(gen, METADATA_NAME)

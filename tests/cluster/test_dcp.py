@@ -355,6 +355,12 @@ def test_saving_over_a_complete_generation_is_refused_unless_overwrite(
         with EcstoreReader(cluster.path, "ckpt-solo", "p", gen) as reader:
             dcp.load(state, storage_reader=reader, no_dist=True)
         assert torch.equal(state["w"], torch.full((4,), value))
+    # each save wrote shard objects of its own (a token in their names): the first save
+    # of "a" and the overwrite never shared one, so no load can mix two saves' bytes
+    shards = [o.key for o in client.list("ckpt-solo", prefix="p/a/").objects
+              if o.key.endswith(".distcp")]
+    tokens = {re.fullmatch(r"p/a/__0_([0-9a-f]{8})_\d+\.distcp", k)[1] for k in shards}  # type: ignore[index]
+    assert len(tokens) == 2, shards
 
 
 def test_a_save_writes_every_shard_uncached_unless_cache_writes(cluster: LocalCluster,
@@ -475,3 +481,22 @@ def test_generations_group_a_listing_and_prune_keeps_latest_and_saves_in_flight(
     names = [new_generation_name(t, "ab12cd") for t in (1_700_000_000_000_000_000, 1_700_000_000_000_001_000,
                                                          1_800_000_000_000_000_000)]
     assert names == sorted(names) and names[0] == "20231114T221320.000000Z-ab12cd"
+
+
+def test_prune_deletes_only_what_saves_write_not_another_jobs_checkpoints() -> None:
+    """Job B saves under exp/ablation/ (its own generations and latest): to job A pruning
+    exp/, "ablation" looked like an incomplete generation older than A's newest commit -
+    a failed save - and A deleted B's checkpoints. Only directories holding nothing but
+    shard objects (and .metadata) are generations prune may delete."""
+    def e(key: str, ts: int) -> ListEntry:
+        return ListEntry(key, 10, ts, "v")
+    entries = [e("exp/latest", 99), e("exp/step-1/.metadata", 5),
+               e("exp/step-1/__0_ab12cd34_0.distcp", 4), e("exp/step-2/.metadata", 9),
+               e("exp/step-2/__0_ab12cd34_0.distcp", 8),
+               e("exp/ablation/latest", 3), e("exp/ablation/step-1/.metadata", 2),
+               e("exp/ablation/step-1/__0_ff00ff00_0.distcp", 1),
+               e("exp/failed/__0_01234567_0.distcp", 6), e("exp/notes/readme.txt", 1)]
+    gens = group_generations(entries, "exp")
+    assert {g.name: g.shards_only for g in gens} == {
+        "step-1": True, "step-2": True, "ablation": False, "failed": True, "notes": False}
+    assert sorted(choose_prune(gens, "step-2", keep=1)) == ["failed", "step-1"]
