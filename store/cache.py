@@ -13,22 +13,33 @@ the limit once the limit is passed. The cache survives restarts: it is just file
 Many processes sharing the directory fetch a segment once: a process that misses takes an
 exclusive lock (flock on one of 256 lock files, chosen by the key's hash) before fetching,
 and one that finds the lock taken waits for it and then reads the file the first wrote.
+
+The cache only saves fetches: a file or directory this process may not read, write or
+touch (another user's cache, a read-only disk, a full one) is a miss, a write skipped or a
+fetch without the lock - said once in the log - never an error for the reader.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
+import logging
 import os
 import struct
 import threading
+import time
 from pathlib import Path
 
 from store.crc import crc32
 
+log = logging.getLogger("ecstore.cache")
+
 MAGIC = b"ECC1"
+NO_LOCK = -1                       # try_lock: no lock file this process may open - go on
 HEADER = struct.Struct(">4sIQ")    # magic, crc32, length
 LOCK_FILES = 256
 EVICT_TO = 0.9                     # of the limit, once it is passed
+RECOUNT_S = 5.0                    # the directory's size is counted again this often
 
 
 class SegmentCache:
@@ -46,8 +57,17 @@ class SegmentCache:
             d.mkdir(parents=True, exist_ok=True)
         self._mutex = threading.Lock()
         self._evicting = threading.Lock()  # one eviction at a time: two would both delete
-        self.bytes = sum(e.stat().st_size for e in os.scandir(self.data) if e.is_file())
+        self.bytes = self._count()
+        self._counted = time.monotonic()
         self.hits = self.misses = self.corrupt = self.evicted = 0
+        self._said: set[str] = set()    # what the log has been told once
+
+    def _unusable(self, what: str, exc: OSError) -> None:
+        """Log, once per kind, that part of the cache cannot be used by this process."""
+        if what not in self._said:
+            self._said.add(what)
+            log.warning("segment cache %s: cannot %s (%s); reading from the cluster instead",
+                        self.root, what, exc.strerror or exc)
 
     @staticmethod
     def key(version_id: str, segment: int) -> str:
@@ -64,7 +84,9 @@ class SegmentCache:
         try:
             with open(path, "rb") as f:
                 raw = f.read()
-        except FileNotFoundError:
+        except OSError as exc:
+            if not isinstance(exc, FileNotFoundError):
+                self._unusable("read its files", exc)
             with self._mutex:
                 self.misses += 1
             return None
@@ -76,6 +98,8 @@ class SegmentCache:
                     os.utime(path)  # recently used
                 except FileNotFoundError:
                     pass
+                except OSError as exc:      # another user's file: served, not touched
+                    self._unusable("mark its files used", exc)
                 with self._mutex:
                     self.hits += 1
                 return bytes(body)
@@ -94,16 +118,32 @@ class SegmentCache:
                 f.write(data)
             os.replace(tmp, path)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 self.evict(self.max_bytes // 2)  # the local disk is full: make room, go on
                 return
-            raise
+            self._unusable("write to it", exc)
+            return
+        if time.monotonic() - self._counted > RECOUNT_S:
+            # every process sharing the directory writes into it: what this one wrote
+            # since it counted is not all there is (each would let it grow to the limit)
+            total, self._counted = self._count(), time.monotonic()
+            with self._mutex:
+                self.bytes = total
         with self._mutex:
             self.bytes += HEADER.size + len(data)
             over = self.bytes > self.max_bytes
         if over:
             self.evict(int(self.max_bytes * EVICT_TO))
+
+    def _count(self) -> int:
+        """Bytes of every segment file in the directory, whoever wrote it."""
+        total = 0
+        for e in os.scandir(self.data):
+            with contextlib.suppress(OSError):
+                total += e.stat().st_size
+        return total
 
     def evict(self, target: int) -> None:
         """Delete least recently used files until at most `target` bytes stay (every
@@ -131,18 +171,29 @@ class SegmentCache:
         with self._mutex:
             self.bytes = total
 
-    @staticmethod
-    def _drop(path: Path) -> bool:
+    def _drop(self, path: Path) -> bool:
         try:
             path.unlink()
             return True
         except FileNotFoundError:
             return False
+        except OSError as exc:
+            self._unusable("delete its files", exc)
+            return False
 
     def try_lock(self, key: str) -> int | None:
-        """An fd holding the key's fetch lock, or None if another process holds it."""
+        """An fd holding the key's fetch lock, None if another process holds it, or
+        NO_LOCK when this process may not open the lock file (fetch without it)."""
         n = crc32(key.encode()) % LOCK_FILES
-        fd = os.open(self.locks / f"{n:02x}", os.O_RDWR | os.O_CREAT, 0o644)
+        path = self.locks / f"{n:02x}"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            try:        # another user's lock file: flock takes a read-only descriptor too
+                fd = os.open(path, os.O_RDONLY)
+            except OSError as exc:
+                self._unusable("take its fetch locks", exc)
+                return NO_LOCK
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -152,6 +203,8 @@ class SegmentCache:
 
     @staticmethod
     def unlock(fd: int) -> None:
+        if fd == NO_LOCK:
+            return
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
 

@@ -244,3 +244,65 @@ def test_eviction_takes_the_least_recently_used(tmp_path: Path) -> None:
     cache.put("d.0", b"d" * seg)                          # over the limit: evict to 90%
     kept = sorted(p.name for p in (tmp_path / "segments").iterdir())
     assert kept == ["a.0", "d.0"]                         # b and c were used least recently
+
+
+def test_the_size_limit_holds_for_every_process_sharing_the_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each process counted the directory once, then only its own writes: four processes
+    filled it to four times the limit. Each counts it again every RECOUNT_S."""
+    import store.cache as cache_module
+    monkeypatch.setattr(cache_module, "RECOUNT_S", 0.0)
+    seg = 100_000
+    caches = [SegmentCache(tmp_path, 4 * (seg + 16)) for _ in range(4)]   # room for four
+    for n in range(3):
+        for i, cache in enumerate(caches):
+            cache.put(f"p{i}-{n}.0", bytes([i]) * seg)
+    total = sum(p.stat().st_size for p in (tmp_path / "segments").iterdir())
+    assert total <= 4 * (seg + 16), total
+
+
+def test_a_cache_another_user_made_is_a_miss_not_an_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Files and lock files this process may not write or touch (another user's shared
+    cache: EACCES, as root never sees it, so the calls are made to fail so): a cached
+    segment is served, a missing one is fetched without the lock and not cached, nothing
+    raises, and the log says so once."""
+    import builtins
+    import errno as errno_module
+
+    import store.cache as cache_module
+    cache = SegmentCache(tmp_path, 10 * MiB)
+    cache.put("v.0", b"cached" * 100)
+    cache.unlock(cache.try_lock("w.0") or 0)            # its lock file: the other user's
+    denied = PermissionError(errno_module.EACCES, "Permission denied")
+    real_os, real_open = cache_module.os, builtins.open
+
+    class OtherUsersOs:
+        def __getattr__(self, name: str) -> object:
+            return getattr(real_os, name)
+
+        def utime(self, *a: object, **kw: object) -> None:
+            raise denied
+
+        def open(self, path: object, flags: int, *a: object) -> int:
+            if flags & real_os.O_RDWR:
+                raise denied
+            return real_os.open(path, flags, *a)
+
+    def other_users_open(file: object, mode: str = "r", *a: object, **kw: object) -> object:
+        if "w" in mode:
+            raise denied
+        return real_open(file, mode, *a, **kw)
+    monkeypatch.setattr(cache_module, "os", OtherUsersOs())
+    monkeypatch.setattr(cache_module, "open", other_users_open, raising=False)
+    with caplog.at_level("WARNING", logger="ecstore.cache"):
+        assert cache.get("v.0") == b"cached" * 100        # served, not touched
+        assert cache.get("w.0") is None
+        fd = cache.try_lock("w.0")                          # read-only: flock still works
+        assert fd is not None and fd != cache_module.NO_LOCK
+        cache.put("w.0", b"fetched")                        # skipped
+        cache.unlock(fd)
+        assert cache.get("w.0") is None
+    said = [r.getMessage() for r in caplog.records]
+    assert any("cannot write to it" in m for m in said) and \
+        any("cannot mark its files used" in m for m in said), said
