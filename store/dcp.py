@@ -105,7 +105,7 @@ def split_by_size(sizes: Sequence[int], bins: int) -> list[list[int]]:
     groups: list[list[int]] = [[] for _ in range(min(bins, len(sizes)))]
     load = [0] * len(groups)
     for i in sorted(range(len(sizes)), key=lambda j: (-sizes[j], j)):
-        g = min(range(len(groups)), key=lambda b: (load[b], b))
+        g = min(range(len(groups)), key=lambda b: (load[b], len(groups[b]), b))  # 0-byte items spread
         groups[g].append(i)
         load[g] += sizes[i]
     return [sorted(g) for g in groups]
