@@ -66,6 +66,7 @@ from node.volumes import (
     parse_fragment,
     parse_record_head,
     pread_padded,
+    records_in_tail,
     scan_records,
 )
 from store.alloc import unfilled
@@ -175,6 +176,7 @@ class FragmentStore:
         found.sort()
         # a volume that cannot be read keeps its number: new ones never take its name
         self._last_vid = found[-1][0] if found else 0
+        self._damaged_tail = False
         for i, (vid, path) in enumerate(found):
             vol = self._scan_volume(vid, path, last=i == len(found) - 1)
             if vol is not None:
@@ -184,7 +186,7 @@ class FragmentStore:
             self.bytes += loc_length(loc)
         self.count = len(self._index)
         self._seq += 1
-        if not self._volumes:
+        if not self._volumes or self._damaged_tail:  # appends never go after damaged bytes
             self._new_volume()
 
     def _scan_volume(self, vid: int, path: str, last: bool) -> Volume | None:
@@ -203,7 +205,14 @@ class FragmentStore:
         if skipped:
             log.error("volume %s: skipped %d damaged bytes between records", path, skipped)
         if good_end < size:
-            if last:    # a record cut short by a crash: appends continue after the good ones
+            if last and records_in_tail(vol, good_end, size) >= 2:
+                log.error("volume %s: %d bytes at its end hold records that fail their "
+                          "header check - damage (its salt?), not a crash, which cuts short one "
+                          "record at most: left as it is and no longer appended to; the "
+                          "fragments in those bytes are missing here until repair rebuilds "
+                          "them", path, size - good_end)
+                self._damaged_tail = vol.damaged = True
+            elif last:  # a record cut short by a crash: appends continue after the good ones
                 log.warning("volume %s: cut off %d bytes of an unfinished record",
                             path, size - good_end)
                 os.ftruncate(vol.fd, good_end)
@@ -724,7 +733,7 @@ class FragmentStore:
             active = max(self._volumes)
             return [v for vid, v in sorted(self._volumes.items())
                     if v.live_bytes < (v.end - VOLUME_HEADER.size) * COMPACT_LIVE_FRACTION
-                    and (vid != active or v.end >= self.volume_bytes // 4)]
+                    and (vid != active or v.end >= self.volume_bytes // 4) and not v.damaged]
 
     def compact(self, max_volumes: int | None = None,
                 pace: Callable[[int], None] | None = None) -> CompactResult:

@@ -78,7 +78,8 @@ class Volume:
     while a compaction retires the volume."""
 
     __slots__ = ("vid", "path", "fd", "salt", "min_seq", "end", "live_bytes", "writers",
-                 "dropped", "_salt_crc", "_sync_cv", "_ticket", "_synced", "_syncing")
+                 "dropped", "damaged", "_salt_crc", "_sync_cv", "_ticket", "_synced",
+                 "_syncing")
 
     def __init__(self, vid: int, path: str, fd: int, salt: bytes, min_seq: int,
                  end: int) -> None:
@@ -89,6 +90,7 @@ class Volume:
         self.live_bytes = 0         # bytes of records the index points at
         self.writers = 0            # puts and deletes with a place reserved, not done yet
         self.dropped = (0, 0)       # the last run of records drop_written dropped, end to end
+        self.damaged = False        # bytes that fail their checks: kept for salvage, never compacted
         self._sync_cv = threading.Condition()
         self._ticket = self._synced = 0
         self._syncing = False
@@ -261,10 +263,32 @@ def _scan_dir(vdir: Path, names: list[str]) -> dict[str, tuple[str, int, int]] |
             for fid, (_, deleted, path, body_off, size) in best.items() if not deleted}
 
 
-def _parse_record_head(mm: mmap.mmap, pos: int, size: int, vol: Volume
-                       ) -> tuple[str, int, bool, int] | None:
+def records_in_tail(vol: Volume, start: int, size: int, limit: int = 2) -> int:
+    """How many records from `start` to `size` are whole but for their header's CRC (up
+    to `limit`): a crash leaves at most one record cut short at a volume's end, so more
+    than one means damage (a flipped byte of the volume's salt fails every record), not a
+    crash - and the bytes must not be cut off."""
+    if size <= start:
+        return 0
+    mm = mmap.mmap(vol.fd, size, access=mmap.ACCESS_READ)
+    try:
+        found, pos = 0, start
+        while found < limit:
+            pos = mm.find(RECORD_MAGIC, pos)
+            if pos < 0:
+                break
+            if _parse_record_head(mm, pos, size, vol, check_crc=False) is not None:
+                found += 1
+            pos += 1
+        return found
+    finally:
+        mm.close()
+
+
+def _parse_record_head(mm: mmap.mmap, pos: int, size: int, vol: Volume,
+                       check_crc: bool = True) -> tuple[str, int, bool, int] | None:
     """(fid, seq, deleted, record length) of the record at pos, or None if there is no
-    whole, checked record there."""
+    whole, checked record there (`check_crc` False: whole, its header's CRC unchecked)."""
     if pos + RECORD_PREFIX.size > size:
         return None
     magic, hlen, crc = RECORD_PREFIX.unpack_from(mm, pos)
@@ -272,7 +296,7 @@ def _parse_record_head(mm: mmap.mmap, pos: int, size: int, vol: Volume
     if magic != RECORD_MAGIC or hlen > MAX_HEADER_BYTES or start + hlen > size:
         return None
     header = mm[start:start + hlen]
-    if vol.header_crc(header) != crc:
+    if check_crc and vol.header_crc(header) != crc:
         return None
     try:
         h = unpack(header, MAX_HEADER_BYTES)

@@ -145,6 +145,31 @@ def test_a_record_cut_short_by_a_crash_is_cut_off_and_appends_continue(
     assert contents(reopen(s2)) == kept
 
 
+def test_a_flipped_salt_byte_is_damage_and_the_volume_is_kept_not_cut_off(
+        tmp_path: Path) -> None:
+    """One flipped byte of the newest volume's salt fails every record's header check: the
+    node took all its records for a crash's unfinished tail and cut the file to its header
+    (found by a sweep). More than one whole record in that tail is damage: the file is
+    kept as it is, never compacted away, and appends go to a new volume."""
+    s = FragmentStore(tmp_path, fsync=True, reserve_bytes=0)
+    for i in range(5):
+        put(s, f"s{i}.0.0")
+    [vol] = volume_files(tmp_path)
+    size = vol.stat().st_size
+    with open(vol, "r+b") as f:
+        f.seek(10)                                   # inside the 8-byte salt
+        b = f.read(1)
+        f.seek(10)
+        f.write(bytes([b[0] ^ 0x40]))
+    s2 = reopen(s)
+    assert vol.stat().st_size == size               # nothing cut off
+    assert contents(s2) == {}                        # unreadable here: repair's work
+    assert s2.compactable() == []
+    new = put(s2, "after.0.0")
+    assert len(volume_files(tmp_path)) == 2 and contents(reopen(s2)) == {"after.0.0": new}
+    assert vol.stat().st_size == size
+
+
 def test_a_damaged_header_loses_only_its_record(tmp_path: Path) -> None:
     s = FragmentStore(tmp_path, fsync=True, reserve_bytes=0)
     want = {f"d{i}.0.0": put(s, f"d{i}.0.0") for i in range(6)}
