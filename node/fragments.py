@@ -674,10 +674,21 @@ class FragmentStore:
         return True
 
     def _quarantine_bytes(self, fid: str, raw: bytes) -> None:
+        """Keep a copy of a damaged record in quarantine/, for inspection. Where it cannot
+        be written (a full disk) the fragment is dropped all the same - serving or listing
+        a fragment known to be damaged is worse than having no copy to look at - and no
+        partial file stays behind."""
         dest = self.quarantine / fid
         if dest.exists():
             dest = self.quarantine / f"{fid}{QUARANTINE_SEPARATOR}{time.time_ns()}"
-        dest.write_bytes(raw)
+        try:
+            dest.write_bytes(raw)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                dest.unlink()
+            log.error("quarantine of %s: no copy kept (%s); dropped all the same", fid,
+                      exc.strerror or exc)
+            return
         self.quarantined += 1
 
     def quarantined_ids(self) -> list[str]:

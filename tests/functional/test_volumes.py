@@ -712,3 +712,25 @@ def test_a_record_place_packs_into_one_int_and_back(vid: int, off: int, length: 
     assert (volumes.loc_vid(loc), volumes.loc_off(loc), volumes.loc_length(loc),
             volumes.loc_seq(loc)) == (vid, off, length, seq)
     assert volumes.make_loc(vid, off, length, seq + 1) > loc       # a later seq sorts after
+
+
+def test_a_quarantine_that_cannot_keep_a_copy_still_drops_the_fragment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk: the copy into quarantine/ failed part way, the error went up (a 500 and
+    a traceback), a partial file stayed, and the damaged fragment stayed served and listed
+    (found by a sweep). It is dropped all the same now, nothing partial is left."""
+    s = FragmentStore(tmp_path, fsync=True, reserve_bytes=0)
+    put(s, "q.0.0")
+    keep = put(s, "k.0.0")
+    real = Path.write_bytes
+
+    def full(self: Path, data: bytes) -> int:
+        if self.parent.name == "quarantine":
+            real(self, data[:100])                     # a part, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, data)
+    monkeypatch.setattr(Path, "write_bytes", full)
+    assert s.quarantine_fragment("q.0.0")
+    monkeypatch.undo()
+    assert s.list("", 10) == ["k.0.0"] and list((tmp_path / "quarantine").iterdir()) == []
+    assert contents(reopen(s)) == {"k.0.0": keep}
