@@ -545,6 +545,7 @@ async def _repair(c: Client, a: argparse.Namespace, state: Path) -> int:
     worker.report.seconds = time.monotonic() - worker.limiter.start
     worker.finish()
     rep = worker.report.to_dict()
+    rep["metadata"] = await _repair_replicas(c, a.dry_run)
     if a.json:
         print(json.dumps(rep, indent=2))
     else:
@@ -553,7 +554,11 @@ async def _repair(c: Client, a: argparse.Namespace, state: Path) -> int:
         report_table("repair" + (" (dry run: nothing written)" if a.dry_run else ""),
                      [(n.replace("_", " "), rep[n]) for n in names]
                      + [("bytes rebuilt", human(rep["bytes_rebuilt"])),
-                        ("unrecoverable objects", len(rep["unrecoverable"]))], [])
+                        ("unrecoverable objects", len(rep["unrecoverable"])),
+                        ("metadata records checked", rep["metadata"]["records_checked"]),
+                        ("metadata replicas copied", rep["metadata"]["copied"]),
+                        ("metadata failed", rep["metadata"]["failed"])],
+                     rep["metadata"]["errors"])
         for name in rep["unrecoverable"]:
             out.print(f"[red]unrecoverable:[/] {name}", highlight=False)
         for e in rep["errors"]:
@@ -565,7 +570,20 @@ async def _repair(c: Client, a: argparse.Namespace, state: Path) -> int:
                   "rebuilt. Start them and run `ecstore repair` again; for a node gone for "
                   "good, take it out of the map (`ecstore ring remove`, or `cluster "
                   "remove-node`) and repair rebuilds what it held", highlight=False)
-    return 1 if rep["unrecoverable"] or rep["failed"] or rep["unlisted"] else 0
+    return 1 if (rep["unrecoverable"] or rep["failed"] or rep["unlisted"]
+                 or rep["metadata"]["failed"]) else 0
+
+
+async def _repair_replicas(c: Client, dry_run: bool) -> dict[str, Any]:
+    """repair's second half: every metadata record onto each of its replicas (a control
+    node whose disk was replaced comes back empty). A control node down: not checked."""
+    from store.metamove import ReplicaReport, repair_replicas
+    err.print("checking every metadata record's replicas ...")
+    try:
+        return (await repair_replicas(c, dry_run)).to_dict()
+    except Unavailable as exc:
+        return ReplicaReport(failed=1, errors=[f"metadata replicas not checked: {exc.message}"]
+                             ).to_dict()
 
 
 # ---- parser ---------------------------------------------------------------------------

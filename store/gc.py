@@ -48,7 +48,7 @@ from typing import Any
 from placement.cluster_map import ClusterMap
 from placement.nodes import Node
 from store.client import Client, expected_fragment_nodes, new_version_id, record_policy
-from store.errors import EcstoreError, NotFound, Unavailable
+from store.errors import BadRequest, EcstoreError, NotFound, Unavailable
 from store.metadata import META_TIMEOUT_S
 from store.multipart import part_versions
 from store.names import PUTS_BUCKET, SYSTEM_BUCKETS
@@ -144,7 +144,10 @@ async def running_puts(c: Client, now_ns: int) -> tuple[set[str], list[str]]:
     expired: list[str] = []
     after = ""
     for _ in range(100_000):
-        page = await c.list_namespace(PUTS_BUCKET, start_after=after, max_keys=1000)
+        try:
+            page = await c.list_namespace(PUTS_BUCKET, start_after=after, max_keys=1000)
+        except BadRequest:      # control nodes of an earlier version (an upgrade): none kept
+            break
         for o in page.objects:
             rec = await c.read_record(PUTS_BUCKET, o.key)
             if rec is None or rec.get("deleted"):
@@ -238,9 +241,14 @@ async def control_scan(c: Client, cmap: ClusterMap
         for bucket in names:
             after = ""
             while True:
-                reply = await c.t.request("GET", node.address, f"/v1/list/{bucket}",
-                                          query={"after": after, "limit": SCAN_PAGE},
-                                          timeout_s=60)
+                try:
+                    reply = await c.t.request("GET", node.address, f"/v1/list/{bucket}",
+                                              query={"after": after, "limit": SCAN_PAGE},
+                                              timeout_s=60)
+                except BadRequest:
+                    if bucket == PUTS_BUCKET:    # a node of an earlier version: holds none
+                        break
+                    raise
                 page = unpack(reply.body, 64 * 1024 * 1024)
                 for r in page["records"]:
                     rows[(bucket, r["key"])] = r

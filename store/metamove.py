@@ -8,6 +8,7 @@ node. Safe to run again at any point.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,3 +111,78 @@ async def _drop(c: Client, node: Node, bucket: str, key: str, version_id: str,
         pass
     except EcstoreError as exc:  # a newer version arrived: the next run moves it
         report.errors.append(f"drop {bucket}/{key} on {node.id}: {exc.message}")
+
+
+@dataclass
+class ReplicaReport(WorkReport):
+    records_checked: int = 0
+    copied: int = 0             # replicas given the newest record they lacked
+    failed: int = 0
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+async def repair_replicas(c: Client, dry_run: bool = False) -> ReplicaReport:
+    """Give every control node that should hold a record and lacks it (or holds an older
+    one) the newest: a control node whose disk was replaced or wiped comes back empty, and
+    reads repair only the records they read - the next node lost would take the only
+    copy of the others. Bucket records go to every control node (as move_metadata does).
+    Needs every control node (store.gc.control_scan). Returns what it did."""
+    from store.gc import control_scan
+    from store.metadata import newest
+
+    started = time.monotonic()
+    report = ReplicaReport()
+    cmap = await c.cluster_map(refresh=True)
+    if not dry_run:
+        await _copy_bucket_records(c, cmap, report)
+    scan = await control_scan(c, cmap)
+    keys = sorted({bk for rows in scan.values() for bk in rows})
+    for bucket, key in keys:
+        report.records_checked += 1
+        owners = cmap.control_nodes_for(f"{bucket}/{key}")
+        best = newest([rows.get((bucket, key)) for rows in scan.values()])
+        assert best is not None
+        order = (best["ts"], best["version_id"])
+        lacking = [o for o in owners
+                   if (r := scan.get(o.id, {}).get((bucket, key))) is None
+                   or (r["ts"], r["version_id"]) < order]
+        if not lacking:
+            continue
+        if dry_run:
+            report.copied += len(lacking)
+            continue
+        holder = next(n for n in cmap.control.nodes
+                      if (r := scan[n.id].get((bucket, key))) is not None
+                      and (r["ts"], r["version_id"]) == order)
+        try:
+            reply = await c.t.request("GET", holder.address, meta_path(bucket, key), timeout_s=10)
+        except EcstoreError as exc:
+            report.failed += 1
+            report.errors.append(f"{bucket}/{key} from {holder.id}: {exc.message}")
+            continue
+        copy = MetaMoveReport()
+        await _put_all(c, tuple(lacking), meta_path(bucket, key), unpack(reply.body), copy)
+        report.copied += copy.copied
+        report.failed += copy.failed
+        report.errors += copy.errors
+    report.seconds = time.monotonic() - started
+    return report
+
+
+async def _copy_bucket_records(c: Client, cmap: ClusterMap, report: ReplicaReport) -> None:
+    """Every bucket record any control node holds, to every control node (a put keeps the
+    newest: a node holding it already changes nothing)."""
+    for node in cmap.control.nodes:
+        try:
+            reply = await c.t.request("GET", node.address, "/v1/buckets", timeout_s=10)
+        except EcstoreError as exc:
+            report.failed += 1
+            report.errors.append(f"{node.id}: {exc.message}")
+            continue
+        copy = MetaMoveReport()
+        for b in unpack(reply.body)["buckets"]:
+            name = b.pop("name")
+            await _put_all(c, cmap.control.nodes, f"/v1/buckets/{name}", b, copy)
+        report.failed += copy.failed
+        report.errors += copy.errors

@@ -189,3 +189,52 @@ def test_ring_add_refuses_a_node_that_does_not_answer_as_itself(cluster: LocalCl
     said = " ".join(other.stderr.decode().split())     # rich wraps at 80 columns
     assert f"answers as control node {control.id}, not as storage node s9" in said
     assert json.loads(cli(cluster, "ring", "show", "--json").stdout)["epoch"] == before
+
+
+def held_by(cluster: LocalCluster, node_id: str, bucket: str, key: str) -> dict | None:
+    """The record of bucket/key on one control node (asked directly), or None."""
+    async def go() -> dict | None:
+        from store.wire import unpack
+        async with Client.connect(cluster.path) as c:
+            url = LocalCluster.load(cluster.dir).nodes[node_id].url
+            r = await c.t.request("GET", url, f"/v1/objects/{bucket}/{quote_key(key)}",
+                                  ok_404=True)
+            return None if r.status == 404 else unpack(r.body)
+    return asyncio.run(go())
+
+
+def test_repair_gives_a_wiped_control_node_its_records_back(
+        cluster: LocalCluster, objects: dict[str, bytes]) -> None:
+    """A control node whose disk was replaced (its data directory wiped) comes back empty.
+    Reads put back only the records they read - an object's, when a repair or a get reads
+    it - never an S3 key's, a tombstone or an upload's, so a second node's disk lost later
+    took the only other copy of those (found by a sweep). `repair` now puts every record
+    back onto each of its replicas: two disks wiped one after the other, with a repair
+    between, lose nothing."""
+    key = json.loads(cli(cluster, "key", "create", "--user", "wiped", "--json").stdout)
+    with SyncClient(cluster.path) as c:
+        c.put("meta", "deleted-later", b"x")
+        c.delete("meta", "deleted-later")
+    control = sorted(n for n, spec in LocalCluster.load(cluster.dir).nodes.items()
+                     if spec.role == "control")
+    assert len(control) == 3
+    for victim in control[:2]:
+        lc = LocalCluster.load(cluster.dir)
+        lc.stop_node(victim)
+        shutil.rmtree(lc.nodes[victim].data)
+        cli(cluster, "cluster", "up", "--data", str(cluster.dir), "--detach")
+        assert held_by(cluster, victim, "_keys", key["access_key"]) is None
+        rep = json.loads(cli(cluster, "repair", "--json").stdout)
+        assert rep["metadata"]["failed"] == 0 and rep["metadata"]["copied"] > 0, rep["metadata"]
+        assert held_by(cluster, victim, "_keys", key["access_key"]) is not None
+        tomb = held_by(cluster, victim, "meta", "deleted-later")
+        assert tomb is not None and tomb["deleted"]
+        for k in list(objects)[:20]:
+            assert victim in holders(cluster, k), (victim, k)
+    with SyncClient(cluster.path) as c:     # and the objects the tests before wrote
+        written = {o.key: c.get("meta", o.key) for o in c.list("meta", max_keys=1000).objects
+                   if o.key not in objects}
+    assert set(written) <= {"after-removal"}
+    check_all(cluster, {**objects, **written})
+    keys = json.loads(cli(cluster, "key", "list", "--json").stdout)
+    assert key["access_key"] in [k["access_key"] for k in keys]
