@@ -31,8 +31,9 @@ PROGRESS_MIN_BYTES = 8 * 1024 * 1024
 OPS_PUBLISH_INTERVAL_S = 2.0   # a worker's progress record is written this often
 OPS_FINAL_TIMEOUT_S = 5.0      # longest wait for the last one when the worker is done
 READ_CHUNK_BYTES = 1024 * 1024
-out = Console()
-err = Console(stderr=True)
+# not on a terminal (a pipe, a log, cron): tables as wide as they need, not cut at 80
+out = Console(width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 
 def split_path(path: str, need_key: bool = True) -> tuple[str, str]:
@@ -222,6 +223,9 @@ async def cmd_scrub(c: Client, a: argparse.Namespace) -> int:
         if not a.json:
             err.print(f"scrubbing {node.id} ({node.address})", highlight=False)
         try:
+            # a stalled node answers nothing, and the pass below may rightly take an hour:
+            # ask first whether it answers at all
+            await c.t.request("GET", node.address, "/v1/status", timeout_s=5.0)
             reply = await c.t.request("POST", node.address, "/v1/scrub", timeout_s=3600)
         except EcstoreError as exc:
             if a.node:
@@ -240,7 +244,8 @@ async def cmd_scrub(c: Client, a: argparse.Namespace) -> int:
                 out.print(f"  quarantined {fid}", highlight=False)
     if a.json:
         print(json.dumps({"nodes": results}, indent=2))
-    return 1 if any("error" in r for r in results) else 0
+    # corrupt fragments quarantined are for `ecstore repair` to rebuild: not a clean pass
+    return 1 if any("error" in r or r.get("corrupt") for r in results) else 0
 
 
 def human(n: int | None) -> str:

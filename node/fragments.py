@@ -134,6 +134,7 @@ class FragmentStore:
         self.quarantine = self.data_dir / "quarantine"
         self.fsync = fsync
         self.volume_bytes = volume_bytes
+        self.data_dir.mkdir(parents=True, exist_ok=True)   # as a control node makes its own
         if reserve_bytes is None:
             st = os.statvfs(self.data_dir)
             reserve_bytes = min(DEFAULT_RESERVE_MAX_BYTES,

@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -60,7 +61,7 @@ def test_scrub_finds_quarantines_and_reads_stay_whole(cluster: LocalCluster,
             flip_last_byte(cluster.dir / node, fid)
 
     proc = ecstore(cluster, "scrub", "--node", "s2", "--json")
-    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.returncode == 1, proc.stderr.decode()     # corrupt found: repair's work
     [r] = json.loads(proc.stdout)["nodes"]
     assert r["node"] == "s2" and r["checked"] >= 4
     assert sorted(r["corrupt"]) == sorted(bad["s2"])
@@ -70,7 +71,7 @@ def test_scrub_finds_quarantines_and_reads_stay_whole(cluster: LocalCluster,
 
     # every node in turn, readable output: s5's is found, s2 is clean now
     proc = ecstore(cluster, "scrub")
-    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.returncode == 1, proc.stderr.decode()     # s5's
     text = proc.stdout.decode()
     for i in range(1, 7):
         assert f"scrubbing s{i}" in proc.stderr.decode()
@@ -94,3 +95,18 @@ def test_scrub_of_an_unknown_node_is_a_clear_error(cluster: LocalCluster) -> Non
     proc = ecstore(cluster, "scrub", "--node", "s99")
     assert proc.returncode == 2
     assert b"no storage node 's99'" in proc.stderr and b"Traceback" not in proc.stderr
+
+
+def test_a_stalled_node_does_not_hold_the_scrub_of_the_others(cluster: LocalCluster) -> None:
+    """scrub asked each node in turn with an hour's timeout: a node stopped (SIGSTOP)
+    held the whole command up. Each is asked first whether it answers at all (5 s)."""
+    node = cluster.nodes["s6"]
+    assert node.pid is not None
+    os.kill(node.pid, signal.SIGSTOP)
+    try:
+        proc = ecstore(cluster, "scrub", "--json")
+    finally:
+        os.kill(node.pid, signal.SIGCONT)
+    assert proc.returncode == 1, proc.stderr.decode()
+    rows = {r["node"]: r for r in json.loads(proc.stdout)["nodes"]}
+    assert "error" in rows["s6"] and all("checked" in rows[f"s{i}"] for i in range(1, 6))

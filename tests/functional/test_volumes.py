@@ -734,3 +734,10 @@ def test_a_quarantine_that_cannot_keep_a_copy_still_drops_the_fragment(
     monkeypatch.undo()
     assert s.list("", 10) == ["k.0.0"] and list((tmp_path / "quarantine").iterdir()) == []
     assert contents(reopen(s)) == {"k.0.0": keep}
+
+
+def test_a_data_directory_that_does_not_exist_is_made(tmp_path: Path) -> None:
+    """A storage node started with a --data that does not exist yet ended in a traceback
+    (os.statvfs); it makes it, as a control node does."""
+    s = FragmentStore(tmp_path / "not" / "yet")
+    assert contents(reopen(s)) == {} and (tmp_path / "not" / "yet" / "volumes").is_dir()
