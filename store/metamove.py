@@ -46,13 +46,10 @@ async def move_metadata(c: Client, dry_run: bool = False) -> MetaMoveReport:
     cmap = await c.cluster_map(refresh=True)
     report = MetaMoveReport()
     for node in control_nodes_all(cmap).values():
-        try:
-            reply = await c.t.request("GET", node.address, "/v1/buckets", timeout_s=10)
-        except EcstoreError as exc:
-            report.failed += 1
-            report.errors.append(f"{node.id}: {exc.message}")
+        buckets = await _bucket_records(c, node, report)
+        if buckets is None:
             continue
-        for b in unpack(reply.body)["buckets"]:
+        for b in buckets:
             name = b.pop("name")
             if not dry_run:
                 await _put_all(c, cmap.control.nodes, f"/v1/buckets/{name}", b, report)
@@ -60,6 +57,20 @@ async def move_metadata(c: Client, dry_run: bool = False) -> MetaMoveReport:
         for name in sorted(SYSTEM_BUCKETS):  # uploads, parts, keys: no bucket record
             await _move_bucket(c, cmap, node, name, dry_run, report)
     return report
+
+
+async def _bucket_records(c: Client, node: Node, report: MetaMoveReport | ReplicaReport
+                          ) -> list[dict[str, Any]] | None:
+    """The bucket records one control node holds; None (counted as failed) if it did not
+    answer."""
+    try:
+        reply = await c.t.request("GET", node.address, "/v1/buckets", timeout_s=10)
+    except EcstoreError as exc:
+        report.failed += 1
+        report.errors.append(f"{node.id}: {exc.message}")
+        return None
+    buckets: list[dict[str, Any]] = unpack(reply.body)["buckets"]
+    return buckets
 
 
 async def _put_all(c: Client, nodes: tuple[Node, ...], path: str, record: dict[str, Any],
@@ -174,14 +185,11 @@ async def _copy_bucket_records(c: Client, cmap: ClusterMap, report: ReplicaRepor
     """Every bucket record any control node holds, to every control node (a put keeps the
     newest: a node holding it already changes nothing)."""
     for node in cmap.control.nodes:
-        try:
-            reply = await c.t.request("GET", node.address, "/v1/buckets", timeout_s=10)
-        except EcstoreError as exc:
-            report.failed += 1
-            report.errors.append(f"{node.id}: {exc.message}")
+        buckets = await _bucket_records(c, node, report)
+        if buckets is None:
             continue
         copy = MetaMoveReport()
-        for b in unpack(reply.body)["buckets"]:
+        for b in buckets:
             name = b.pop("name")
             await _put_all(c, cmap.control.nodes, f"/v1/buckets/{name}", b, copy)
         report.failed += copy.failed
