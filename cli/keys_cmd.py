@@ -10,6 +10,7 @@ from rich.table import Table
 
 from cli.main import err, out, with_client
 from store.client import Client
+from store.errors import BadRequest
 from store.keys import create_key, delete_key, list_keys
 
 
@@ -40,6 +41,12 @@ async def cmd_key_list(c: Client, a: argparse.Namespace) -> int:
 
 
 async def cmd_key_delete(c: Client, a: argparse.Namespace) -> int:
+    gateway = c.info.raw.get("gateway") or {}
+    if a.access_key == gateway.get("access_key"):   # not a key `key create` made
+        raise BadRequest(f"{a.access_key} is the gateway's own admin key (its environment: "
+                         "ECSTORE_S3_ACCESS_KEY / ECSTORE_S3_SECRET_KEY, written in "
+                         "cluster.json), not one `ecstore key create` made: change it where "
+                         "the gateway is started")
     await delete_key(c, a.access_key)
     err.print(f"deleted access key {a.access_key}; the gateway stops taking it within seconds")
     return 0

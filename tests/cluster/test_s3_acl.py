@@ -124,6 +124,15 @@ def test_deleting_an_unknown_key_is_an_error_not_a_traceback(s3_cluster: LocalCl
     assert proc.returncode != 0 and "Traceback" not in proc.stderr and proc.stderr.strip()
 
 
+def test_deleting_the_gateways_own_key_says_where_it_comes_from(s3_cluster: LocalCluster,
+                                                                 gateway: Gateway) -> None:
+    """The admin key in cluster.json is the gateway's environment, not a key record: `key
+    delete` said "no such access key" of a key that works. It says what the key is."""
+    proc = ecstore(s3_cluster.path, "key", "delete", gateway.access_key, ok=False)
+    said = " ".join(proc.stderr.split())
+    assert proc.returncode == 2 and "is the gateway's own admin key" in said, said
+
+
 def test_two_keys_of_one_user_share_the_users_buckets(s3_cluster: LocalCluster, gateway: Gateway,
                                                        bob: BaseClient, bobs: str) -> None:
     second = user_client(gateway, create_key(s3_cluster, "bob"))
