@@ -277,12 +277,17 @@ class LocalCluster:
 
     def _healthy(self, node_id: str) -> bool:
         """The node answers its health check - as itself: a node that could not bind its
-        port must not pass for healthy because another process answers there."""
+        port must not pass for healthy because another process answers there, not even
+        one that answers as this node (an old instance of it): a storage or control node
+        this object started must answer with that process's pid."""
         try:
             n = self.nodes[node_id]
             path = GATEWAY_HEALTH_PATH if n.role == "gateway" else "/v1/health"
             with urllib.request.urlopen(n.url + path, timeout=1) as r:
                 body = json.loads(r.read() or b"{}")
+                proc = self.procs.get(node_id)
+                if proc is not None and n.role != "gateway" and body.get("pid") != proc.pid:
+                    return False
                 return bool(r.status == 200) and node_id in (body.get("node_id"),
                                                              body.get("node"))
         except (OSError, ValueError, AttributeError):

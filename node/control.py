@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -422,7 +423,7 @@ def _dir_bytes(path: Path) -> int:
 
 async def health(request: web.Request) -> web.Response:
     return web.json_response({"node_id": request.app[CONFIG].node_id, "role": "control",
-                              "ok": True, "time": time.time()})
+                              "ok": True, "time": time.time(), "pid": os.getpid()})
 
 
 class MapEpoch:

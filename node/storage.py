@@ -357,7 +357,7 @@ async def scrub(request: web.Request) -> web.Response:
 async def health(request: web.Request) -> web.Response:
     cfg = request.app[CONFIG]
     return web.json_response({"node_id": cfg.node_id, "role": "storage", "ok": True,
-                              "time": time.time()})
+                              "time": time.time(), "pid": os.getpid()})
 
 
 def storage_metrics(app: web.Application) -> Families:

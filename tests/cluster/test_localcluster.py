@@ -63,12 +63,16 @@ def test_another_process_zombie_is_not_alive(tmp_path: Path) -> None:
         parent.wait(timeout=10)
 
 
-@pytest.fixture
-def impostor() -> Iterator[int]:
-    """An HTTP server that answers every health check with 200 as node "other"."""
+@pytest.fixture(params=["other", "s1"])
+def impostor(request: pytest.FixtureRequest) -> Iterator[int]:
+    """An HTTP server that answers every health check with 200 as node "other" - or as
+    "s1" itself, as an old instance of the node (another secret, another version) would:
+    a node this cluster started passes only when its own process answers (its pid)."""
+    answers_as = request.param
+
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            body = json.dumps({"node_id": "other", "ok": True}).encode()
+            body = json.dumps({"node_id": answers_as, "ok": True, "pid": 1}).encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
