@@ -274,11 +274,10 @@ def records_in_tail(vol: Volume, start: int, size: int, limit: int = 2) -> int:
     try:
         found, pos = 0, start
         while found < limit:
-            pos = mm.find(RECORD_MAGIC, pos)
+            pos = _next_record(mm, pos, size, vol, check_crc=False)
             if pos < 0:
                 break
-            if _parse_record_head(mm, pos, size, vol, check_crc=False) is not None:
-                found += 1
+            found += 1
             pos += 1
         return found
     finally:
@@ -311,13 +310,14 @@ def _parse_record_head(mm: mmap.mmap, pos: int, size: int, vol: Volume,
     return fid, seq, deleted, RECORD_PREFIX.size + hlen + body
 
 
-def _next_record(mm: mmap.mmap, pos: int, size: int, vol: Volume) -> int:
+def _next_record(mm: mmap.mmap, pos: int, size: int, vol: Volume,
+                 check_crc: bool = True) -> int:
     """Offset of the next whole, checked record at or after pos; -1 if none."""
     while True:
         pos = mm.find(RECORD_MAGIC, pos)
         if pos < 0:
             return -1
-        if _parse_record_head(mm, pos, size, vol) is not None:
+        if _parse_record_head(mm, pos, size, vol, check_crc) is not None:
             return pos
         pos += 1
 

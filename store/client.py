@@ -484,7 +484,11 @@ class Client(LoopBound):
         inflight: set[asyncio.Future[None]] = set()
         written: list[tuple[str, Node]] = []
         started = time.monotonic()
-        announcer = asyncio.ensure_future(self._announce(bucket, key, vid))
+        # a timer, not a task per put: most puts end long before INTENT_AFTER_S
+        announcer: list[asyncio.Future[None]] = []
+        timer = asyncio.get_running_loop().call_later(
+            INTENT_AFTER_S,
+            lambda: announcer.append(asyncio.ensure_future(self._announce(bucket, key, vid))))
         try:
             while True:
                 if len(inflight) >= MAX_INFLIGHT_SEGMENTS:
@@ -521,16 +525,17 @@ class Client(LoopBound):
             self._spawn(self._delete_fragments(written))
             raise
         finally:    # the last telling stays good INTENT_TTL_S: past the caller's commit
-            announcer.cancel()
+            timer.cancel()
+            for task in announcer:
+                task.cancel()
         return size, count
 
     async def _announce(self, bucket: str, key: str, vid: str) -> None:
-        """Tell gc that this put runs, once it has run INTENT_AFTER_S, and again every
-        INTENT_REFRESH_S: a record PUTS_BUCKET/vid good until INTENT_TTL_S later, which gc
-        reads before the object records (store.gc) and whose version it keeps - a put
+        """Tell gc that this put runs (started once it has run INTENT_AFTER_S), and again
+        every INTENT_REFRESH_S: a record PUTS_BUCKET/vid good until INTENT_TTL_S later, which
+        gc reads before the object records (store.gc) and whose version it keeps - a put
         longer than gc's grace keeps its fragments. Best effort: without it (control
         nodes unreachable) the put goes on, and checks its fragments before its commit."""
-        await asyncio.sleep(INTENT_AFTER_S)
         while True:
             now = time.time_ns()
             with contextlib.suppress(EcstoreError):
