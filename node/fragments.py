@@ -66,6 +66,7 @@ from node.volumes import (
     parse_fragment,
     parse_record_head,
     pread_padded,
+    record_crc_ok,
     records_in_tail,
     scan_records,
 )
@@ -546,10 +547,21 @@ class FragmentStore:
         quarantining it. `uncached`: as pread_uncached."""
         raw, loc = self.read_raw(fid, uncached)
         try:
-            return parse_fragment(fid, raw, verify)
+            return self.check_record(fid, raw, loc, verify)
         except Corrupt:
             self.quarantine_fragment(fid, loc)
             raise
+
+    def check_record(self, fid: str, raw: bytes | bytearray, loc: Loc,
+                     verify: bool = True) -> Fragment:
+        """The fragment in a record read_raw returned; with verify, its body checked
+        against its checksum and its header against the volume's CRC (a header that fails
+        it would make the fragment vanish at the next restart). Corrupt if damaged."""
+        frag = parse_fragment(fid, raw, verify)
+        vol = self._volumes.get(loc_vid(loc)) if verify else None
+        if vol is not None and not record_crc_ok(vol, raw):  # None: compacted since: moved
+            raise Corrupt(f"fragment {fid}'s record header failed its CRC")
+        return frag
 
     def read_cached(self, fid: str) -> Fragment | None:
         """The fragment, unverified, when its whole record is in the page cache - read

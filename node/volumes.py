@@ -347,6 +347,18 @@ def parse_fragment(fid: str, raw: bytes | bytearray, verify: bool = True) -> Fra
     return Fragment(fid, checksum, meta, body)
 
 
+def record_crc_ok(vol: Volume, raw: bytes | bytearray) -> bool:
+    """Whether a volume record read whole from `vol` has a header that checks out against
+    the volume's salt. A restart's scan skips a record that fails it, so its fragment
+    would vanish then although its body is whole: the scrubber quarantines it now and
+    repair rebuilds it. Records of the earlier layout (b"ECF1") carry no CRC: True."""
+    if raw[:4] != RECORD_MAGIC or len(raw) < RECORD_PREFIX.size:
+        return raw[:4] == MAGIC
+    _, hlen, crc = RECORD_PREFIX.unpack_from(raw)
+    header = memoryview(raw)[RECORD_PREFIX.size:RECORD_PREFIX.size + hlen]
+    return len(header) == hlen and vol.header_crc(header) == crc
+
+
 def parse_record_head(fid: str, raw: bytes | bytearray) -> tuple[int, str, int, dict[str, Any]]:
     """(where the body starts, checksum, body size, meta) from the start of a record or
     fragment file (at least its whole header); Corrupt if damaged or not `fid`'s."""
