@@ -4,21 +4,30 @@ A `Scrubber` walks the store in fragment id order with a cursor (the last id che
 one batch per `step()`, and wraps around at the end of a pass. `scrub_loop` paces the
 steps so the bytes read per second stay under the configured rate, and rests between
 passes. `scrub_now` runs one whole pass at full speed (POST /v1/scrub).
+
+The background scrubber's place and the end of the last whole pass are kept in
+`scrub.json` under the node's data directory (written at most once a minute and at the
+end of each pass, best effort): a node restarted mid-pass goes on from where it was, and
+one restarted after a pass rests out the interval, instead of starting over each time -
+a node restarted more often than a pass takes would otherwise never finish one.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import json
 import logging
+import os
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from node.fragments import FragmentStore
 from node.logs import log_step
-from node.volumes import parse_fragment
 from store.errors import Corrupt, NotFound
 
 log = logging.getLogger("ecstore.scrub")
@@ -33,6 +42,8 @@ SCRUB_MIN_PAUSE_S = 0.01                # between steps, however small the fragm
 SCRUB_ERROR_PAUSE_S = 30.0              # after a step failed unexpectedly
 SCRUB_LIST_PAGE = 1000                  # fragment ids fetched per listing
 FULL_SPEED_BATCH_FRAGMENTS = 256        # per step of scrub_now
+SCRUB_STATE_FILE = "scrub.json"         # under the data directory
+SCRUB_STATE_SAVE_S = 60.0               # the background scrubber's place, saved this often
 
 
 @dataclass
@@ -52,13 +63,56 @@ class StepResult:
 class ScrubStats:
     """Totals of every scrubber of one node (background and on demand), for /v1/status."""
 
-    def __init__(self) -> None:
+    def __init__(self, state_path: Path | None = None) -> None:
         self._lock = threading.Lock()
         self.last_pass_completed_at: float | None = None  # unix seconds
         self.fragments_checked_total = 0
         self.bytes_checked_total = 0
         self.corrupt_found_total = 0
         self.passes_running = 0
+        self.cursor = ""            # the background scrubber's place, as last saved
+        self.state_path = state_path
+        self._saved_at = 0.0
+        if state_path is not None:
+            self._load(state_path)
+
+    def _load(self, path: Path) -> None:
+        try:
+            state = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:    # damaged: a fresh start, said once
+            log.warning("ignoring %s: %s", path, exc)
+            return
+        if not isinstance(state, dict):
+            return
+        done, cursor = state.get("last_pass_completed_at"), state.get("cursor")
+        if isinstance(done, (int, float)) and not isinstance(done, bool) and done > 0:
+            self.last_pass_completed_at = float(done)
+        if isinstance(cursor, str):
+            self.cursor = cursor
+
+    def save(self, cursor: str | None = None, force: bool = False) -> None:
+        """Keep the end of the last pass and the background scrubber's `cursor` (None:
+        unchanged) in the state file: at most once per SCRUB_STATE_SAVE_S unless `force`.
+        Best effort - a full or failing disk costs a rescan after a restart, no more."""
+        with self._lock:
+            if cursor is not None:
+                self.cursor = cursor
+            now = time.monotonic()
+            if self.state_path is None or (not force and now - self._saved_at < SCRUB_STATE_SAVE_S):
+                return
+            self._saved_at = now
+            state = {"last_pass_completed_at": self.last_pass_completed_at,
+                     "cursor": self.cursor}
+        tmp = self.state_path.with_name(f".{self.state_path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(state))
+            os.replace(tmp, self.state_path)
+        except OSError as exc:
+            log.warning("could not save the scrub state to %s: %s", self.state_path, exc)
+            with contextlib.suppress(OSError):
+                tmp.unlink()
 
     def pass_started(self) -> None:
         with self._lock:
@@ -72,6 +126,8 @@ class ScrubStats:
             if r.pass_complete:
                 self.passes_running -= 1
                 self.last_pass_completed_at = time.time()
+        if r.pass_complete:
+            self.save(force=True)
 
     def abandoned(self) -> None:
         """A pass that will not complete (its scrubber stopped)."""
@@ -90,11 +146,14 @@ class Scrubber:
     """Checks the fragments of one store in sorted id order, a batch per step()."""
 
     def __init__(self, store: FragmentStore, stats: ScrubStats | None = None,
-                 list_page: int = SCRUB_LIST_PAGE) -> None:
+                 list_page: int = SCRUB_LIST_PAGE, resume: bool = False) -> None:
+        """`resume`: the background scrubber - it starts at the place `stats` saved and
+        keeps saving its place there."""
         self.store = store
         self.stats = stats if stats is not None else ScrubStats()
         self.list_page = list_page
-        self.cursor = ""                     # the last fragment id checked in this pass
+        self.resume = resume
+        self.cursor = self.stats.cursor if resume else ""  # the last fragment id checked
         self._pending: deque[str] = deque()  # listed after the cursor, not yet checked
         self._listed_to_end = False
         self._in_pass = False
@@ -123,7 +182,11 @@ class Scrubber:
         if not self._pending and self._listed_to_end:
             r.pass_complete = True
             self.cursor, self._listed_to_end, self._in_pass = "", False, False
+        if self.resume:
+            self.stats.cursor = self.cursor     # saved below at a pass's end, or now and then
         self.stats.record(r)
+        if self.resume and not r.pass_complete:
+            self.stats.save(self.cursor)
         return r
 
     def _check(self, fid: str, r: StepResult) -> None:
@@ -134,7 +197,7 @@ class Scrubber:
         r.checked += 1
         r.bytes_checked += len(raw)
         try:
-            parse_fragment(fid, raw, verify=True)
+            self.store.check_record(fid, raw, inode)
         except Corrupt as exc:
             if self.store.quarantine_fragment(fid, inode):
                 log.warning("quarantined %s: %s", fid, exc.message)
@@ -179,6 +242,9 @@ async def scrub_loop(scrubber: Scrubber, rate_mb_s: float, pass_interval_s: floa
     loop = asyncio.get_running_loop()
     try:
         await asyncio.sleep(start_delay_s)
+        done = scrubber.stats.last_pass_completed_at
+        if done is not None and not scrubber.cursor:    # restarted between passes
+            await asyncio.sleep(max(0.0, min(pass_interval_s, done + pass_interval_s - time.time())))
         while True:
             started = time.monotonic()
             try:

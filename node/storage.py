@@ -32,6 +32,7 @@ from node.scrub import (
     DEFAULT_SCRUB_PASS_INTERVAL_S,
     DEFAULT_SCRUB_RATE_MB_S,
     DEFAULT_SCRUB_START_DELAY_S,
+    SCRUB_STATE_FILE,
     Scrubber,
     ScrubStats,
     pacing_pause_s,
@@ -427,7 +428,8 @@ def scrub_metrics(stats: ScrubStats) -> Families:
                   "found and quarantined.", s["corrupt_found_total"])
     yield gauge("ecstore_scrub_running", "1 while a scrub pass is under way.", int(s["running"]))
     yield gauge("ecstore_scrub_last_pass_completed_timestamp_seconds", "When the last whole "
-                "pass ended (unix time).", s["last_pass_completed_at"])
+                "pass ended (unix time; 0 before the first, kept across restarts).",
+                s["last_pass_completed_at"] or 0)
 
 
 def paced(rate_mb_s: float) -> Callable[[int], None]:
@@ -464,7 +466,7 @@ def make_app(config: StorageConfig) -> web.Application:
     app[CONFIG] = config
     app[OBSERVER].add_collector(lambda: storage_metrics(app))
 
-    app[SCRUB_STATS] = ScrubStats()
+    app[SCRUB_STATS] = ScrubStats(Path(config.data_dir) / SCRUB_STATE_FILE)
 
     async def open_store(app: web.Application) -> AsyncIterator[None]:
         app[STORE] = await _in_thread(FragmentStore, config.data_dir, config.fsync,
@@ -483,7 +485,7 @@ def make_app(config: StorageConfig) -> web.Application:
             yield
             return
         task = asyncio.create_task(scrub_loop(
-            Scrubber(app[STORE], app[SCRUB_STATS]), config.scrub_rate_mb_s,
+            Scrubber(app[STORE], app[SCRUB_STATS], resume=True), config.scrub_rate_mb_s,
             config.scrub_pass_interval_s, config.scrub_start_delay_s))
         yield
         task.cancel()
