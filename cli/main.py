@@ -684,6 +684,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(a.func(a))
     except EcstoreError as exc:
         err.print(f"[red]error:[/] {exc.message}", highlight=False)
+        if getattr(a, "json", False):   # a script reading stdout still gets JSON
+            print(json.dumps(exc.to_body(), indent=2, default=str))
         return 2 if exc.status < 500 else 1
     except KeyboardInterrupt:
         return 130

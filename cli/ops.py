@@ -421,13 +421,13 @@ def cmd_remove_node(a: argparse.Namespace) -> int:
             await c.close()
     with only_one(state_path(str(cluster.path), "rebalance.state.json"), "rebalance"):
         problem = asyncio.run(drain())   # its passes are rebalances: not beside another
-    if problem:    # a cluster failure (exit 1), not a mistake in the request
-        if a.json:
-            print(json.dumps({**summary, "drained": False}, indent=2))
+    if problem:    # a cluster failure (exit 1), not a mistake in the request; --json: the
+        # summary with drained false, beside the error and its message (cli.main)
         raise Unavailable(f"{problem}; {a.id} is out of the map, not stopped and still in "
                           "cluster.json: fix the cause (start the nodes that are down: `ecstore "
                           "cluster up`) and run the command again; for a node gone for good, "
-                          "`ecstore repair` rebuilds what it held, then run it again")
+                          "`ecstore repair` rebuilds what it held, then run it again",
+                          **summary, drained=False)
     summary["drained"] = True
     cluster.forget_node(a.id)
     err.print(f"drained and stopped {a.id}")

@@ -257,6 +257,12 @@ def test_status_exits_3_when_no_control_node_answers(workdir: Path) -> None:
     proc = ecstore("status", "--json", cwd=workdir, ok=False)   # a script gets JSON too
     assert proc.returncode == 3, proc.stderr
     assert json.loads(proc.stdout)["nodes"] == [] and json.loads(proc.stdout)["error"]
+    for args in (("gc", "--dry-run"), ("repair", "--dry-run"), ("ls",), ("ring", "show"),
+                 ("tier", "status")):     # every --json command: JSON on stdout, failing too
+        proc = ecstore(*args, "--json", cwd=workdir, ok=False)
+        assert proc.returncode == 1, (args, proc.stderr)
+        assert json.loads(proc.stdout)["error"] == "unavailable", args
+        assert b"Traceback" not in proc.stderr
 
 
 def test_a_foreground_cluster_reports_a_dead_node_and_ctrl_c_stops_the_nodes_added_since(
