@@ -69,12 +69,16 @@ async def cmd_tier_run(c: Client, a: argparse.Namespace) -> int:
         if a.json:
             print(json.dumps(rep.to_dict()))
         else:
-            report_table("tiering pass" + (" (dry run)" if a.dry_run else ""),
-                         [("demoted to cold", rep.demoted), ("promoted to hot", rep.promoted),
-                          ("MB moved", round(rep.bytes_moved / 1e6, 1)),
-                          ("superseded by a newer write", rep.superseded),
-                          ("failed", rep.failed), ("MB/s", rep.mb_s(rep.bytes_moved))],
-                         rep.errors)
+            rows: list[tuple[str, object]] = [
+                ("demoted to cold", rep.demoted), ("promoted to hot", rep.promoted),
+                ("MB moved", round(rep.bytes_moved / 1e6, 1)),
+                ("superseded by a newer write", rep.superseded),
+                ("failed", rep.failed), ("MB/s", rep.mb_s(rep.bytes_moved))]
+            if a.dry_run:   # nothing was moved: what a pass would do, at no rate
+                rows = [("would demote to cold", rep.demoted), ("would promote to hot", rep.promoted),
+                        ("MB to move", round(rep.bytes_moved / 1e6, 1))]
+            report_table("tiering pass" + (" (dry run: nothing moved)" if a.dry_run else ""),
+                         rows, rep.errors)
         passes += 1
         if a.once:
             return 1 if rep.failed else 0

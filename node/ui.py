@@ -139,9 +139,9 @@ def node_row(status: Mapping[str, Any], shares: Mapping[tuple[str, str], float])
 Tally = dict[tuple[str, str], list[int]]   # (bucket, policy) -> [objects, bytes, stored bytes]
 
 
-def tally(acc: Tally, bucket: str, record: Mapping[str, Any]) -> None:
-    """Count one live record into acc. Past MAX_USAGE_ROWS rows, new buckets count as
-    OTHER_BUCKETS (one more row per policy)."""
+def tally(acc: Tally, bucket: str, record: Mapping[str, Any], replicas: int) -> None:
+    """Count one live record into acc (`replicas`: copies of an inline object). Past
+    MAX_USAGE_ROWS rows, new buckets count as OTHER_BUCKETS (one more row per policy)."""
     policy = "inline" if record.get("inline") is not None else str(record.get("policy"))
     key = (bucket, policy)
     if key not in acc and len(acc) >= MAX_USAGE_ROWS - 1:
@@ -149,7 +149,7 @@ def tally(acc: Tally, bucket: str, record: Mapping[str, Any]) -> None:
     row = acc.setdefault(key, [0, 0, 0])
     row[0] += 1
     row[1] += int(record.get("size") or 0)
-    row[2] += stored_bytes(record)
+    row[2] += stored_bytes(record, replicas)
 
 
 def usage_rows(acc: Tally, cmap: ClusterMap) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -338,8 +338,9 @@ class StatusPage:
         try:
             c = self.gw.client
             acc: Tally = {}
+            replicas = (await c.cluster_map()).effective_replicas
             async for bucket, _key, record in live_records(c):
-                tally(acc, bucket, record)
+                tally(acc, bucket, record, replicas)
             buckets, tiers = usage_rows(acc, await c.cluster_map())
             self._usage = Usage(buckets, tiers, time.time(), time.monotonic() - started)
             self._usage_error = None

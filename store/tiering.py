@@ -89,11 +89,11 @@ def decide(record: Mapping[str, Any], usage: Usage, rules: TierRules, now: float
     return None
 
 
-def stored_bytes(record: Mapping[str, Any]) -> int:
-    """Bytes on disk for the object's data: size x (k+m)/k (inline: the size, x replicas
-    on the control nodes, counted once here)."""
+def stored_bytes(record: Mapping[str, Any], replicas: int) -> int:
+    """Bytes on disk for the object's data: size x (k+m)/k; inline, size x `replicas` (a
+    copy in each of the record's control nodes: the map's effective_replicas)."""
     if record.get("inline") is not None:
-        return int(record["size"])
+        return int(record["size"]) * replicas
     return int(record["size"] * (record["k"] + record["m"]) / record["k"])
 
 
@@ -163,7 +163,7 @@ async def tier_status(c: Client, rules: TierRules, now: float | None = None) -> 
         row = status.tiers.setdefault(name, {"objects": 0, "bytes": 0, "stored_bytes": 0})
         row["objects"] += 1
         row["bytes"] += int(record["size"])
-        row["stored_bytes"] += stored_bytes(record)
+        row["stored_bytes"] += stored_bytes(record, cmap.effective_replicas)
         action = decide(record, usage[bucket].get(key, NEVER_READ), rules, now)
         if action is not None and has_policy(cmap, rules.cold if action == "demote" else rules.hot):
             status.due.append(TierEntry(bucket, key, record, action))
@@ -206,9 +206,11 @@ class TierReport(WorkReport):
     failed: int = 0
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    dry_run: bool = False            # then the counts are what a pass would do; no rate
 
     def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(), "moved_mb_s": self.mb_s(self.bytes_moved)}
+        rate = None if self.dry_run else self.mb_s(self.bytes_moved)
+        return {**super().to_dict(), "moved_mb_s": rate}
 
 
 class TierWorker:
@@ -219,7 +221,7 @@ class TierWorker:
         self.c, self.rules, self.dry_run = c, rules, dry_run
         self.todo = list(status.due)
         self.limiter = RateLimiter(rate_mb_s)
-        self.report = TierReport()
+        self.report = TierReport(dry_run=dry_run)
         self.started = time.monotonic()
 
     @property

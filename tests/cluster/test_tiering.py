@@ -80,6 +80,8 @@ def test_idle_objects_go_cold_and_busy_ones_come_back(tiered: LocalCluster) -> N
             c.put("data", k, v)
     st = tier_json(tiered, "status", "--cold-after", "1000")
     assert st["tiers"]["hot"]["objects"] == 3 and st["tiers"]["inline"]["objects"] == 1
+    replicas = min(3, sum(1 for n in tiered.nodes.values() if n.role == "control"))
+    assert st["tiers"]["inline"]["stored_bytes"] == 1000 * replicas   # a copy per replica
     assert st["tiers"]["hot"]["bytes"] == len(model) + 10 * MiB + 1
     assert st["due"] == {}
 
@@ -94,8 +96,12 @@ def test_idle_objects_go_cold_and_busy_ones_come_back(tiered: LocalCluster) -> N
                  if fid.split(".")[0] in going]
     for i in hot:       # nobody has read the objects to demote: out of the page cache
         evict_volumes(tiered.nodes[i].data)
+    dry = tier_json(tiered, "run", "--once", "--cold-after", "5", "--dry-run")
+    assert (dry["demoted"], dry["promoted"], dry["dry_run"]) == (2, 0, True), dry
+    assert dry["moved_mb_s"] is None        # nothing moved: no rate to report
     rep = tier_json(tiered, "run", "--once", "--cold-after", "5")
     assert (rep["demoted"], rep["promoted"], rep["failed"]) == (2, 0, 0), rep
+    assert rep["moved_mb_s"] > 0 and rep["dry_run"] is False
 
     with SyncClient(tiered.path) as c:
         for key in ("a.bin", "model.bin"):
