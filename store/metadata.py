@@ -13,6 +13,7 @@ from store.transport import Transport, request_id
 from store.wire import pack, unpack
 
 META_TIMEOUT_S = 5.0
+MISS_WAIT_S = 0.1       # a read whose quorum found nothing waits this long for the others
 BATCH_PATHS = {"put": "/v1/objects", "get": "/v1/objects/read"}   # POST, node/control.py
 MAX_BATCH_ITEMS = 64
 MAX_BATCH_BYTES = 1024 * 1024
@@ -272,6 +273,13 @@ class MetaQuorum:
         tasks = [asyncio.ensure_future(one(n)) for n in nodes]
         await self._quorum(tasks, needed, "read", path)
         best = newest(list(answers.values()))
+        late = [t for t in tasks if not t.done()]
+        if best is None and late:
+            # The quorum says "none". Replicas that lost the record (a wiped disk, before
+            # repair) can be the first to say so while the last holds it: the others were
+            # asked at the same time, so their answers are due - wait for them briefly.
+            await asyncio.wait(late, timeout=MISS_WAIT_S)
+            best = newest(list(answers.values()))
         if repair and best is not None:
             self._spawn(self._repair(nodes, tasks, answers, path))
         return best
