@@ -136,11 +136,14 @@ class FragmentStore:
         self.fsync = fsync
         self.volume_bytes = volume_bytes
         self.data_dir.mkdir(parents=True, exist_ok=True)   # as a control node makes its own
+        st = os.statvfs(self.data_dir)
+        disk_total = st.f_blocks * st.f_frsize
         if reserve_bytes is None:
-            st = os.statvfs(self.data_dir)
-            reserve_bytes = min(DEFAULT_RESERVE_MAX_BYTES,
-                                int(st.f_blocks * st.f_frsize * DEFAULT_RESERVE_FRACTION))
+            reserve_bytes = min(DEFAULT_RESERVE_MAX_BYTES, int(disk_total * DEFAULT_RESERVE_FRACTION))
         self.reserve_bytes = reserve_bytes
+        # the volume still appended to is compacted once it holds this much: a quarter
+        # volume, or an eighth of a disk too small for that (it would never compact)
+        self.compact_active_bytes = min(volume_bytes // 4, disk_total // 8)
         for d in (self.vdir, self.quarantine):
             d.mkdir(parents=True, exist_ok=True)
         # guards the index, the volumes and the counts; file I/O happens outside it
@@ -751,13 +754,15 @@ class FragmentStore:
 
     def compactable(self) -> builtins.list[Volume]:
         """Volumes less than half live: those no longer appended to, and the one that is
-        once it holds a quarter of a volume's size (a disk that fills before its volume
-        does gets the space of deletions back too)."""
+        once it holds a quarter of a volume's size or an eighth of the disk, whichever is
+        less (a disk that fills before its volume does gets the space of deletions back
+        too; one smaller than a quarter volume would never have)."""
         with self._lock:
             active = max(self._volumes)
             return [v for vid, v in sorted(self._volumes.items())
                     if v.live_bytes < (v.end - VOLUME_HEADER.size) * COMPACT_LIVE_FRACTION
-                    and (vid != active or v.end >= self.volume_bytes // 4) and not v.damaged]
+                    and (vid != active or v.end >= self.compact_active_bytes)
+                    and not v.damaged]
 
     def compact(self, max_volumes: int | None = None,
                 pace: Callable[[int], None] | None = None) -> CompactResult:

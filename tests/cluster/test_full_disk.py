@@ -53,7 +53,7 @@ def small_disk() -> Iterator[LocalCluster]:
     finally:
         c.stop()
         gc.collect()    # a FragmentStore a failed test left open holds its volume files
-        subprocess.run(["umount", str(disk)], check=False)
+        subprocess.run(["umount", "--lazy", str(disk)], check=False)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -195,4 +195,34 @@ def test_enospc_mid_write_leaves_no_half_fragment(tmp_path: Path) -> None:
     finally:
         store = None    # its volume files closed, so the disk can be unmounted
         gc.collect()
-        subprocess.run(["umount", str(disk)], check=False)
+        subprocess.run(["umount", "--lazy", str(disk)], check=False)
+
+
+def test_a_disk_smaller_than_a_quarter_volume_gets_deleted_space_back(tmp_path: Path) -> None:
+    """The volume still appended to was compacted only once it held a quarter of a
+    volume (256 MiB by default): on a smaller disk deletions never freed space and the
+    node stayed full for good. Now an eighth of the disk is enough."""
+    disk = tmp_path / "disk"
+    why = _mount_tmpfs(disk, 8)
+    if why is not None:
+        pytest.skip(why)
+    store: FragmentStore | None = None
+    try:
+        store = FragmentStore(disk, fsync=False, reserve_bytes=MiB)   # 1 GiB volumes
+        body = os.urandom(512 * 1024)
+        checksum = hashlib.sha256(body).hexdigest()
+        stored = []
+        with pytest.raises(InsufficientStorage):
+            for i in range(40):     # 8 MiB holds about 15
+                store.put(f"f{i}.0.0", body, checksum, {"i": i})
+                stored.append(f"f{i}.0.0")
+        for fid in stored[1:]:
+            store.delete(fid)
+        assert store.compact().volumes == 1
+        for i in range(5):          # room again
+            store.put(f"g{i}.0.0", body, checksum, {})
+        assert bytes(store.read(stored[0]).body) == body
+    finally:
+        store = None    # its volume files closed, so the disk can be unmounted
+        gc.collect()
+        subprocess.run(["umount", "--lazy", str(disk)], check=False)
