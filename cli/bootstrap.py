@@ -8,6 +8,7 @@ held (a control node whose volume was wiped gets it back).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 import urllib.error
@@ -155,6 +156,45 @@ def wait_healthy(nodes: list[NodeArg], wait_s: float, say: Callable[[str], None]
         time.sleep(POLL_INTERVAL_S)
 
 
+def check_identities(secret: str, control: list[NodeArg], storage: list[NodeArg]) -> None:
+    """Ask every node, signed with the cluster secret, who it is (GET /v1/status). A
+    storage node started with another secret refuses every fragment request, and two
+    URLs swapped on the command line put each node's fragments where readers never
+    look: both used to pass a bootstrap that asked only the control nodes. Raises one
+    error naming every node that fails (BadRequest: a mistake in the topology)."""
+    from cli.localcluster import signed_request
+
+    problems: list[str] = []
+    refused: list[str] = []
+    for role, nodes in (("control", control), ("storage", storage)):
+        for n in nodes:
+            try:
+                status = json.loads(signed_request(secret, "GET", n.url, "/v1/status",
+                                                   timeout_s=HEALTH_TIMEOUT_S * 5))
+                answered = (status.get("role"), status.get("node_id"))
+            except urllib.error.HTTPError as exc:
+                if exc.code == 401:
+                    refused.append(f"{role} node {n.id} ({n.url})")
+                else:
+                    problems.append(f"{role} node {n.id} ({n.url}) answered HTTP {exc.code}: "
+                                    f"{_body(exc)}")
+                continue
+            except (OSError, ValueError, AttributeError) as exc:
+                problems.append(f"{role} node {n.id} ({n.url}) did not say who it is: {exc}")
+                continue
+            if answered != (role, n.id):
+                problems.append(f"{n.url} answers as {answered[0]} node {answered[1]}, not as "
+                                f"{role} node {n.id}")
+    if len(refused) == len(control) + len(storage):
+        raise Unauthorized("every node refused the signed request: the cluster secret is not "
+                           "the one the nodes were started with")
+    if refused:
+        problems.append(f"{', '.join(refused)} refused the signed request: started with "
+                        "another cluster secret than the one given here and the other nodes")
+    if problems:
+        raise BadRequest("no map installed: " + "; ".join(problems))
+
+
 def install(secret: str, control: list[NodeArg], cmap: ClusterMap) -> Any:
     """install_map with its failures turned into readable EcstoreErrors."""
     from cli.localcluster import install_map
@@ -209,6 +249,7 @@ def cmd_bootstrap(a: argparse.Namespace) -> int:
     cmap = initial_map(a.control, a.storage, a.k, a.m, a.cold_k, a.cold_m)
     secret = read_secret(a.secret_file)
     wait_healthy(a.control + a.storage, a.wait_s, say)
+    check_identities(secret, a.control, a.storage)
     done = install(secret, a.control, cmap)
     by_url = {c.url: c.id for c in a.control}
     sent = ", ".join(by_url[u] for u in done.sent_to)

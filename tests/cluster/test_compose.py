@@ -240,9 +240,17 @@ def _remove_storage5_and_6(d: Doc) -> None:
     (_replace_in_command("init", "storage6=http://storage6:7200",
                          "storage6=http://storage6:7200,storage7=http://storage7:7200"),
      "no service 'storage7'"),
+    (lambda d: d["services"]["storage3"].update(
+        environment={"ECSTORE_SECRET": "another-secret-for-storage3-only"}),
+     "storage node storage3 (http://127.0.0.1"),    # the local run's address
+
+    (_replace_in_command("init", "storage1=http://storage1:7200,storage2=http://storage2:7200",
+                         "storage1=http://storage2:7200,storage2=http://storage1:7200"),
+     "answers as storage node storage2, not as storage node storage1"),
 ], ids=["4+2 on four storage nodes", "a node without the secret", "init with another secret",
         "gateway port not published", "gateway asks a wrong control port",
-        "control node moved port", "unknown storage node"])
+        "control node moved port", "unknown storage node", "a storage node with another secret",
+        "two storage URLs swapped"])
 def test_a_broken_topology_fails_the_run(breakage: Callable[[Doc], Any], error: str,
                                          tmp_dir: Path) -> None:
     doc = load_default()
