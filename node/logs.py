@@ -45,17 +45,32 @@ step_log = logging.getLogger("ecstore.step")
 def log_event(logger: logging.Logger, level: int, event: str, fields: Mapping[str, Any]) -> None:
     """One structured line: `event` and its fields (names without spaces, values short).
     In a node process (configure_logging) it is formatted and queued straight to the
-    LineWriter: no LogRecord, no caller lookup, no handler chain (it runs per request)."""
+    LineWriter: no LogRecord, no caller lookup, no handler chain (it runs per request) -
+    unless a logger on its way to the root has a handler of its own that takes this level
+    (the gateway's status page keeps the warnings of "ecstore" in node.ui.ErrorLog): that
+    one must see the line too, or a 5xx's op and status never reach the page's last errors.
+    Lines below such a handler's level (a 2xx's INFO line) still go straight."""
     if not logger.isEnabledFor(level):
         return
     writer = _writer
-    if writer is not None and writer.formatter is not None and not logger.handlers:
+    if writer is not None and writer.formatter is not None and _only_root_takes(logger, level):
         fmt: Any = writer.formatter
         writer.write(fmt.event_line(time.time(), _LEVEL_NAMES.get(level) or logging.getLevelName(level),
                                     logger.name, event, fields), level)
     else:  # not configured here (a test, a library user): through logging as usual
         logger.handle(logger.makeRecord(logger.name, level, "", 0, event, (), None,
                                         extra={"fields": fields}))
+
+
+def _only_root_takes(logger: logging.Logger, level: int) -> bool:
+    """No handler on `logger` or its ancestors but the root's (where the LineWriter is)
+    takes a line of `level`, and nothing stops the line on its way there."""
+    node: logging.Logger | None = logger
+    while node is not None and node.parent is not None:   # the root has no parent
+        if not node.propagate or any(level >= h.level for h in node.handlers):
+            return False
+        node = node.parent
+    return True
 
 
 def log_step(worker: str, started_monotonic: float, **fields: Any) -> None:
