@@ -163,12 +163,15 @@ class LineWriter(logging.Handler):
     a line is WARNING or worse, when MAX_BUFFERED_BYTES wait, or by a thread every
     FLUSH_INTERVAL_S; and at exit (logging.shutdown flushes every handler)."""
 
-    def __init__(self, fd: int = 2, interval_s: float = FLUSH_INTERVAL_S) -> None:
+    def __init__(self, fd: int = 2, interval_s: float | None = FLUSH_INTERVAL_S) -> None:
+        """interval_s None: every line is written at once, and no thread is started (a
+        process that forks, the gateway's supervisor: node.workers)."""
         super().__init__()
         self.fd, self.interval_s = fd, interval_s
         self._lines: list[bytes] = []
         self._size = 0
-        threading.Thread(target=self._flush_often, name="log-flush", daemon=True).start()
+        if interval_s is not None:
+            threading.Thread(target=self._flush_often, name="log-flush", daemon=True).start()
 
     def emit(self, record: logging.LogRecord) -> None:  # under self.lock (Handler.handle)
         try:
@@ -187,7 +190,7 @@ class LineWriter(logging.Handler):
         line = (text + "\n").encode("utf-8", "backslashreplace")
         self._lines.append(line)
         self._size += len(line)
-        if level >= logging.WARNING or self._size >= MAX_BUFFERED_BYTES:
+        if level >= logging.WARNING or self._size >= MAX_BUFFERED_BYTES or self.interval_s is None:
             self._write()
 
     def flush(self) -> None:
@@ -204,6 +207,7 @@ class LineWriter(logging.Handler):
             pass  # nowhere to log to: dropping the lines is all that is left
 
     def _flush_often(self) -> None:
+        assert self.interval_s is not None
         while True:
             time.sleep(self.interval_s)
             if self._lines:
@@ -220,12 +224,13 @@ def log_format_from_env() -> str:
     return fmt
 
 
-def configure_logging(node_id: str, log_format: str) -> None:
-    """Send every log line of this process to stderr in `log_format` ("text" or "json")."""
+def configure_logging(node_id: str, log_format: str, buffered: bool = True) -> None:
+    """Send every log line of this process to stderr in `log_format` ("text" or "json"),
+    in batches unless not `buffered` (then no thread is started)."""
     assert log_format in LOG_FORMATS, log_format
     global _writer
     sys.stderr.flush()
-    handler = _writer = LineWriter(sys.stderr.fileno())
+    handler = _writer = LineWriter(sys.stderr.fileno(), FLUSH_INTERVAL_S if buffered else None)
     handler.setFormatter(JsonFormatter(node_id) if log_format == "json" else TextFormatter(node_id))
     root = logging.getLogger()
     for old in list(root.handlers):

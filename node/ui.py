@@ -266,8 +266,10 @@ class StatusPage:
     SNAPSHOT_TTL_S, bucket usage from a background pass started by a request at most every
     USAGE_INTERVAL_S after the previous one ended (no viewer, no work)."""
 
-    def __init__(self, gw: Gateway, errors: ErrorLog) -> None:
+    def __init__(self, gw: Gateway, errors: ErrorLog,
+                 workers: Callable[[], dict[str, Any]] | None = None) -> None:
         self.gw, self.errors = gw, errors
+        self.workers = workers
         self._live: asyncio.Future[dict[str, Any]] | None = None
         self._live_at = 0.0
         self._shares: tuple[int, dict[tuple[str, str], float]] = (-1, {})
@@ -285,7 +287,8 @@ class StatusPage:
         live = await asyncio.shield(self._live)
         return {"gateway": self.gw.config.node_id, "refresh_s": REFRESH_S,
                 "generated_at": time.time(), **live, "usage": self._usage_view(),
-                "errors": self.errors.recent()}
+                "errors": self.errors.recent(),
+                "workers": self.workers() if self.workers is not None else None}
 
     async def close(self) -> None:
         for task in (self._usage_task, self._live):
@@ -417,10 +420,12 @@ def _signed_in(resp: web.StreamResponse, viewer: Viewer) -> web.StreamResponse:
     return resp
 
 
-def setup(app: web.Application, gateway_key: web.AppKey[Gateway], s3_auth: S3Authenticate) -> None:
+def setup(app: web.Application, gateway_key: web.AppKey[Gateway], s3_auth: S3Authenticate,
+          workers: Callable[[], dict[str, Any]] | None = None) -> None:
     """Add the status page's routes to the gateway's app (before its catch-all route), its
     state (made after the gateway's, so register after the gateway's cleanup context) and
-    the error log handler."""
+    the error log handler. `workers`: the gateway's worker processes and their restarts
+    (node.workers.workers_view), shown as status.json's "workers"."""
 
     async def page(request: web.Request) -> web.StreamResponse:
         viewer = await _viewer(request)
@@ -444,7 +449,7 @@ def setup(app: web.Application, gateway_key: web.AppKey[Gateway], s3_auth: S3Aut
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         errors = ErrorLog()
         logging.getLogger(ERROR_LOGGER).addHandler(errors)
-        app[UI_STATE] = StatusPage(app[gateway_key], errors)
+        app[UI_STATE] = StatusPage(app[gateway_key], errors, workers)
         yield
         logging.getLogger(ERROR_LOGGER).removeHandler(errors)
         await app[UI_STATE].close()
