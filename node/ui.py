@@ -9,7 +9,8 @@ forbids it). The script fetches /ui/status.json every REFRESH_S seconds and redr
 - the last run of repair, rebalance, gc and tiering: records in the OPS_BUCKET namespace
   (key = the operation's name) written by those workers, shown as they are;
 - the last MAX_ERRORS warnings and errors this gateway process logged (dispatch logs every
-  5xx it answers).
+  5xx it answers; the request log line adds its op and status);
+- with --workers N, the workers serving and their restarts (node.workers).
 
 Auth, with the keys of the S3 admin user (the gateway's key pair, `ecstore key create`):
 - HTTP Basic, access key as user name and secret key as password (a browser asks for it);
@@ -652,7 +653,10 @@ function renderErrors(errors) {
   $("errors").tBodies[0].replaceChildren(...(rows.length ? rows : [empty("none since this gateway started", 5)]));
 }
 function render(s) {
+  const w = s.workers;
   $("meta").textContent = "gateway " + s.gateway + " \\u00b7 map epoch " + (s.epoch ?? "?")
+    + (w && w.supervised ? " \\u00b7 " + w.running + " of " + w.configured + " workers, "
+       + w.restarts + " restarted" : "")
     + " \\u00b7 updated " + new Date(s.generated_at * 1000).toLocaleTimeString();
   banner(s.map_error ? "no cluster map: " + s.map_error : null);
   renderNodes(s.nodes);

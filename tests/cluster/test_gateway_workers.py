@@ -10,6 +10,7 @@ serves: the old design (the first process served too) fails them for what they p
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -20,6 +21,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -135,6 +137,15 @@ def metric(c: LocalCluster, name: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
+def status_json(c: LocalCluster) -> dict[str, Any]:
+    """The status page's data, signed in with the gateway's admin key (HTTP Basic)."""
+    auth = base64.b64encode(f"{c.s3_keys['access_key']}:{c.s3_keys['secret_key']}".encode())
+    req = urllib.request.Request(c.nodes["gw1"].url + "/ui/status.json",
+                                 headers={"Authorization": "Basic " + auth.decode()})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return dict(json.loads(r.read()))
+
+
 def log_lines(c: LocalCluster, what: str) -> list[str]:
     return [ln for ln in (c.dir / "logs" / "gw1.log").read_text().splitlines() if what in ln]
 
@@ -152,6 +163,9 @@ def test_a_killed_worker_is_replaced_and_logged(gw: LocalCluster) -> None:
     [line] = [ln for ln in log_lines(gw, "worker exited") if f"pid={victim} " in ln]
     assert "SIGKILL" in line and "WARNING" in line, line
     assert metric(gw, "ecstore_gateway_worker_restarts_total") == restarts + 1
+    workers = status_json(gw)["workers"]
+    assert workers["restarts"] == restarts + 1 and workers["supervised"] is True
+    assert (workers["configured"], workers["running"]) == (WORKERS, WORKERS)
 
 
 def test_a_stopped_worker_is_killed_and_replaced(gw: LocalCluster) -> None:
