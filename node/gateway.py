@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import re
-import signal
 import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from aiohttp import web
 
 from node import ui
+from node.logs import configure_logging
 from node.metrics import (
     OP,
     REQUEST_ID,
@@ -38,6 +37,14 @@ from node.s3.errors import S3Error, access_denied, to_s3_error
 from node.s3.sigv2 import access_key_v2, authenticate_v2, is_v2
 from node.s3.sigv4 import AuthResult, authenticate
 from node.server import OBSERVER, install_observer, metrics, run
+from node.workers import (
+    Heartbeat,
+    Supervisor,
+    WorkerStats,
+    stall_timeout_from_env,
+    worker_metrics,
+    workers_view,
+)
 from store.client import Client
 from store.cluster import ClusterInfo
 from store.errors import EcstoreError
@@ -50,7 +57,6 @@ GATEWAY = web.AppKey("gateway", Gateway)
 Handler = Callable[[S3Ctx], Awaitable[web.StreamResponse]]
 _CREDENTIAL = re.compile(r"Credential=([^/,\s]+)/")
 MAP_RETRY_S = 1.0
-ORPHAN_CHECK_S = 1.0
 # Subresources S3 has and we do not: answered NotImplemented, never ignored.
 UNSUPPORTED = frozenset({"policy", "lifecycle", "cors", "tagging", "website", "logging",
                          "notification", "replication", "encryption", "object-lock", "retention",
@@ -190,7 +196,8 @@ async def health(request: web.Request) -> web.Response:
         cmap = await gw.client.cluster_map()
     except EcstoreError as exc:
         return web.json_response({"ok": False, "error": exc.message}, status=503)
-    return web.json_response({"ok": True, "node": gw.config.node_id, "epoch": cmap.epoch})
+    return web.json_response({"ok": True, "node": gw.config.node_id, "epoch": cmap.epoch,
+                              "pid": os.getpid()})   # the worker that answered
 
 
 async def metrics_or_s3(request: web.Request) -> web.StreamResponse:
@@ -202,8 +209,10 @@ async def metrics_or_s3(request: web.Request) -> web.StreamResponse:
     return await metrics(request)
 
 
-def make_app(config: GatewayConfig, observability: ObservabilityConfig | None = None
-             ) -> web.Application:
+def make_app(config: GatewayConfig, observability: ObservabilityConfig | None = None,
+             workers: WorkerStats | None = None) -> web.Application:
+    """The gateway's app; `workers`: the supervisor's counts, when it is one of several
+    worker processes (node.workers), for its metrics and status page."""
     config.check()
     app = web.Application(handler_args={"auto_decompress": False},  # bodies are stored as sent
                           client_max_size=1024 ** 2)
@@ -211,6 +220,7 @@ def make_app(config: GatewayConfig, observability: ObservabilityConfig | None = 
                                    observability or observability_config()),
                      id_header="x-amz-request-id")  # on every answer, streamed ones too
     app[OBSERVER].add_collector(lambda: client_metrics(app[GATEWAY].client if GATEWAY in app else None))
+    app[OBSERVER].add_collector(lambda: worker_metrics(workers))
 
     async def lifecycle(app: web.Application):  # type: ignore[no-untyped-def]
         client = Client(ClusterInfo(config.control, config.secret))
@@ -223,7 +233,8 @@ def make_app(config: GatewayConfig, observability: ObservabilityConfig | None = 
     app.router.add_get(HEALTH_PATH, health)
     app.router.add_get(METRICS_PATH, metrics)
     app.router.add_get("/metrics", metrics_or_s3, allow_head=False)
-    ui.setup(app, GATEWAY, _authenticate)  # GET /ui, /ui/status.json: the status page
+    ui.setup(app, GATEWAY, _authenticate,   # GET /ui, /ui/status.json: the status page
+             lambda: workers_view(workers))
     # [\s\S], not ".": a key may hold a newline (%0A), which "." does not match - such a
     # request got aiohttp's plain-text 404 instead of reaching the S3 dispatcher
     app.router.add_route("*", r"/{tail:[\s\S]*}", dispatch)
@@ -259,46 +270,24 @@ def config_from_args(argv: list[str] | None = None) -> GatewayConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Serve with `workers` processes sharing the port (SO_REUSEPORT), so the gateway's
-    hashing and encoding use every core. The first process serves too and forwards
-    SIGTERM/SIGINT to the others; they exit when it is gone (a SIGKILL included)."""
+    """Serve; with `workers` > 1, this process forks that many workers sharing the port
+    (SO_REUSEPORT), so the gateway's hashing and encoding use every core, and keeps them
+    serving (node.workers: replaced when one dies or stalls, all stopped on SIGTERM)."""
     config = config_from_args(argv)
     obs = observability_from_argv(argv)
     if config.workers == 1:
         run(make_app(config, obs), config.host, config.port)
         return
-    children = [_fork_worker(config, obs) for _ in range(config.workers - 1)]
+    stall_timeout_s = stall_timeout_from_env()
+    stats, parent = WorkerStats(), os.getpid()
 
-    def stop(signum: int, _frame: object) -> None:
-        for pid in children:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-        raise SystemExit(0)
-    signal.signal(signal.SIGTERM, stop)
-    run(make_app(config, obs), config.host, config.port, reuse_port=True)
-    stop(signal.SIGTERM, None)
-
-
-def _fork_worker(config: GatewayConfig, obs: ObservabilityConfig) -> int:
-    parent = os.getpid()
-    pid = os.fork()
-    if pid:
-        return pid
-    app = make_app(config, obs)
-
-    async def orphan_watch(app: web.Application):  # type: ignore[no-untyped-def]
-        async def watch() -> None:
-            while os.getppid() == parent:
-                await asyncio.sleep(ORPHAN_CHECK_S)
-            os.kill(os.getpid(), signal.SIGTERM)
-        task = asyncio.ensure_future(watch())
-        yield
-        task.cancel()
-    app.cleanup_ctx.append(orphan_watch)
-    try:
-        run(app, config.host, config.port, reuse_port=True)
-    finally:
-        os._exit(0)
+    def serve(_index: int, heartbeat_fd: int) -> None:
+        heartbeat = Heartbeat(parent, heartbeat_fd)
+        run(make_app(config, obs, stats), config.host, config.port, reuse_port=True,
+            ready=heartbeat.start)
+    # unbuffered: no log thread in a process that forks
+    configure_logging(config.node_id, obs.log_format, buffered=False)
+    raise SystemExit(Supervisor(config.workers, serve, stall_timeout_s, stats).run())
 
 
 if __name__ == "__main__":

@@ -45,17 +45,32 @@ step_log = logging.getLogger("ecstore.step")
 def log_event(logger: logging.Logger, level: int, event: str, fields: Mapping[str, Any]) -> None:
     """One structured line: `event` and its fields (names without spaces, values short).
     In a node process (configure_logging) it is formatted and queued straight to the
-    LineWriter: no LogRecord, no caller lookup, no handler chain (it runs per request)."""
+    LineWriter: no LogRecord, no caller lookup, no handler chain (it runs per request) -
+    unless a logger on its way to the root has a handler of its own that takes this level
+    (the gateway's status page keeps the warnings of "ecstore" in node.ui.ErrorLog): that
+    one must see the line too, or a 5xx's op and status never reach the page's last errors.
+    Lines below such a handler's level (a 2xx's INFO line) still go straight."""
     if not logger.isEnabledFor(level):
         return
     writer = _writer
-    if writer is not None and writer.formatter is not None and not logger.handlers:
+    if writer is not None and writer.formatter is not None and _only_root_takes(logger, level):
         fmt: Any = writer.formatter
         writer.write(fmt.event_line(time.time(), _LEVEL_NAMES.get(level) or logging.getLevelName(level),
                                     logger.name, event, fields), level)
     else:  # not configured here (a test, a library user): through logging as usual
         logger.handle(logger.makeRecord(logger.name, level, "", 0, event, (), None,
                                         extra={"fields": fields}))
+
+
+def _only_root_takes(logger: logging.Logger, level: int) -> bool:
+    """No handler on `logger` or its ancestors but the root's (where the LineWriter is)
+    takes a line of `level`, and nothing stops the line on its way there."""
+    node: logging.Logger | None = logger
+    while node is not None and node.parent is not None:   # the root has no parent
+        if not node.propagate or any(level >= h.level for h in node.handlers):
+            return False
+        node = node.parent
+    return True
 
 
 def log_step(worker: str, started_monotonic: float, **fields: Any) -> None:
@@ -148,12 +163,15 @@ class LineWriter(logging.Handler):
     a line is WARNING or worse, when MAX_BUFFERED_BYTES wait, or by a thread every
     FLUSH_INTERVAL_S; and at exit (logging.shutdown flushes every handler)."""
 
-    def __init__(self, fd: int = 2, interval_s: float = FLUSH_INTERVAL_S) -> None:
+    def __init__(self, fd: int = 2, interval_s: float | None = FLUSH_INTERVAL_S) -> None:
+        """interval_s None: every line is written at once, and no thread is started (a
+        process that forks, the gateway's supervisor: node.workers)."""
         super().__init__()
         self.fd, self.interval_s = fd, interval_s
         self._lines: list[bytes] = []
         self._size = 0
-        threading.Thread(target=self._flush_often, name="log-flush", daemon=True).start()
+        if interval_s is not None:
+            threading.Thread(target=self._flush_often, name="log-flush", daemon=True).start()
 
     def emit(self, record: logging.LogRecord) -> None:  # under self.lock (Handler.handle)
         try:
@@ -172,7 +190,7 @@ class LineWriter(logging.Handler):
         line = (text + "\n").encode("utf-8", "backslashreplace")
         self._lines.append(line)
         self._size += len(line)
-        if level >= logging.WARNING or self._size >= MAX_BUFFERED_BYTES:
+        if level >= logging.WARNING or self._size >= MAX_BUFFERED_BYTES or self.interval_s is None:
             self._write()
 
     def flush(self) -> None:
@@ -189,6 +207,7 @@ class LineWriter(logging.Handler):
             pass  # nowhere to log to: dropping the lines is all that is left
 
     def _flush_often(self) -> None:
+        assert self.interval_s is not None
         while True:
             time.sleep(self.interval_s)
             if self._lines:
@@ -205,12 +224,13 @@ def log_format_from_env() -> str:
     return fmt
 
 
-def configure_logging(node_id: str, log_format: str) -> None:
-    """Send every log line of this process to stderr in `log_format` ("text" or "json")."""
+def configure_logging(node_id: str, log_format: str, buffered: bool = True) -> None:
+    """Send every log line of this process to stderr in `log_format` ("text" or "json"),
+    in batches unless not `buffered` (then no thread is started)."""
     assert log_format in LOG_FORMATS, log_format
     global _writer
     sys.stderr.flush()
-    handler = _writer = LineWriter(sys.stderr.fileno())
+    handler = _writer = LineWriter(sys.stderr.fileno(), FLUSH_INTERVAL_S if buffered else None)
     handler.setFormatter(JsonFormatter(node_id) if log_format == "json" else TextFormatter(node_id))
     root = logging.getLogger()
     for old in list(root.handlers):

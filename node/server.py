@@ -252,11 +252,13 @@ class Front(typing.Protocol):
 
 
 def run(app: web.Application, host: str, port: int, reuse_port: bool = False,
-        max_connections: int | None = None, front: Front | None = None) -> None:
+        max_connections: int | None = None, front: Front | None = None,
+        ready: Callable[[], None] | None = None) -> None:
     """Serve on uvloop until SIGTERM or SIGINT (reuse_port: several processes share it),
     with at most `max_connections` open connections (default $ECSTORE_MAX_CONNECTIONS,
     else DEFAULT_MAX_CONNECTIONS); past it a new connection gets a 503 (ConnectionCap);
-    `front`, if given, sees each connection before aiohttp does.
+    `front`, if given, sees each connection before aiohttp does; `ready`, if given, is
+    called in the loop once the port listens (a gateway worker's heartbeat starts there).
     (uvloop cannot sendfile; asyncio's loop can, but serves small requests slower: measured,
     uvloop plus one unverified read per fragment GET was the better trade.)"""
     import uvloop
@@ -270,7 +272,7 @@ def run(app: web.Application, host: str, port: int, reuse_port: bool = False,
     _ensure_fd_limit(limit)
     uvloop.install()
     try:
-        asyncio.run(_serve(app, host, port, reuse_port, limit, front))
+        asyncio.run(_serve(app, host, port, reuse_port, limit, front, ready))
     finally:  # the log writes in batches; a forked gateway worker ends with os._exit
         for handler in logging.getLogger().handlers:
             handler.flush()
@@ -356,7 +358,8 @@ class Allocator:
 
 
 async def _serve(app: web.Application, host: str, port: int, reuse_port: bool,
-                 max_connections: int, front: Front | None = None) -> None:
+                 max_connections: int, front: Front | None = None,
+                 ready: Callable[[], None] | None = None) -> None:
     """aiohttp's run_app, but listening through a ConnectionCap. Shutdown as run_app's:
     stop listening, close idle connections, give requests in flight SHUTDOWN_TIMEOUT_S."""
     loop = asyncio.get_running_loop()
@@ -390,6 +393,8 @@ async def _serve(app: web.Application, host: str, port: int, reuse_port: bool,
             reason = (exc.strerror or str(exc)).split(": ")[-1]
             raise SystemExit(f"{obs.node_id if obs else 'node'}: cannot listen on "
                              f"{host}:{port}: {reason}") from None
+        if ready is not None:
+            ready()
         await stop.wait()
     finally:
         if trimmer is not None:

@@ -9,7 +9,8 @@ forbids it). The script fetches /ui/status.json every REFRESH_S seconds and redr
 - the last run of repair, rebalance, gc and tiering: records in the OPS_BUCKET namespace
   (key = the operation's name) written by those workers, shown as they are;
 - the last MAX_ERRORS warnings and errors this gateway process logged (dispatch logs every
-  5xx it answers).
+  5xx it answers; the request log line adds its op and status);
+- with --workers N, the workers serving and their restarts (node.workers).
 
 Auth, with the keys of the S3 admin user (the gateway's key pair, `ecstore key create`):
 - HTTP Basic, access key as user name and secret key as password (a browser asks for it);
@@ -266,8 +267,10 @@ class StatusPage:
     SNAPSHOT_TTL_S, bucket usage from a background pass started by a request at most every
     USAGE_INTERVAL_S after the previous one ended (no viewer, no work)."""
 
-    def __init__(self, gw: Gateway, errors: ErrorLog) -> None:
+    def __init__(self, gw: Gateway, errors: ErrorLog,
+                 workers: Callable[[], dict[str, Any]] | None = None) -> None:
         self.gw, self.errors = gw, errors
+        self.workers = workers
         self._live: asyncio.Future[dict[str, Any]] | None = None
         self._live_at = 0.0
         self._shares: tuple[int, dict[tuple[str, str], float]] = (-1, {})
@@ -285,7 +288,8 @@ class StatusPage:
         live = await asyncio.shield(self._live)
         return {"gateway": self.gw.config.node_id, "refresh_s": REFRESH_S,
                 "generated_at": time.time(), **live, "usage": self._usage_view(),
-                "errors": self.errors.recent()}
+                "errors": self.errors.recent(),
+                "workers": self.workers() if self.workers is not None else None}
 
     async def close(self) -> None:
         for task in (self._usage_task, self._live):
@@ -418,10 +422,12 @@ def _signed_in(resp: web.StreamResponse, viewer: Viewer) -> web.StreamResponse:
     return resp
 
 
-def setup(app: web.Application, gateway_key: web.AppKey[Gateway], s3_auth: S3Authenticate) -> None:
+def setup(app: web.Application, gateway_key: web.AppKey[Gateway], s3_auth: S3Authenticate,
+          workers: Callable[[], dict[str, Any]] | None = None) -> None:
     """Add the status page's routes to the gateway's app (before its catch-all route), its
     state (made after the gateway's, so register after the gateway's cleanup context) and
-    the error log handler."""
+    the error log handler. `workers`: the gateway's worker processes and their restarts
+    (node.workers.workers_view), shown as status.json's "workers"."""
 
     async def page(request: web.Request) -> web.StreamResponse:
         viewer = await _viewer(request)
@@ -445,7 +451,7 @@ def setup(app: web.Application, gateway_key: web.AppKey[Gateway], s3_auth: S3Aut
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         errors = ErrorLog()
         logging.getLogger(ERROR_LOGGER).addHandler(errors)
-        app[UI_STATE] = StatusPage(app[gateway_key], errors)
+        app[UI_STATE] = StatusPage(app[gateway_key], errors, workers)
         yield
         logging.getLogger(ERROR_LOGGER).removeHandler(errors)
         await app[UI_STATE].close()
@@ -648,7 +654,10 @@ function renderErrors(errors) {
   $("errors").tBodies[0].replaceChildren(...(rows.length ? rows : [empty("none since this gateway started", 5)]));
 }
 function render(s) {
+  const w = s.workers;
   $("meta").textContent = "gateway " + s.gateway + " \\u00b7 map epoch " + (s.epoch ?? "?")
+    + (w && w.supervised ? " \\u00b7 " + w.running + " of " + w.configured + " workers, "
+       + w.restarts + " restarted" : "")
     + " \\u00b7 updated " + new Date(s.generated_at * 1000).toLocaleTimeString();
   banner(s.map_error ? "no cluster map: " + s.map_error : null);
   renderNodes(s.nodes);

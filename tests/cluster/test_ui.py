@@ -243,6 +243,36 @@ def test_status_json_has_nodes_ring_usage_ops_errors(s3_cluster: LocalCluster, g
     assert hot["objects"] == 4 and hot["stored_bytes"] == hot["bytes"] * 6 // 4
 
 
+def test_status_json_names_the_op_and_status_of_a_failed_request(
+        s3_cluster: LocalCluster, gateway: Gateway, objects: dict[str, int]) -> None:
+    """A request the gateway fails (no metadata quorum: 2 of 3 control nodes stopped) is one
+    entry of the last errors with its operation and status, not only dispatch's warning:
+    the request log line is written past the logging handlers in a node process, so the
+    error log never saw it and showed op and status as null."""
+    url = f"{gateway.url}/datasets/README"
+    try:
+        for node_id in ("c2", "c3"):
+            s3_cluster.stop_node(node_id)
+        r = http_request("GET", url, headers=sign(gateway, "GET", url))
+        assert r.status == 503, r
+    finally:
+        for node_id in ("c2", "c3"):
+            s3_cluster.start_node(node_id)
+        s3_cluster.wait_healthy(["c2", "c3"])
+    rid = r.headers["x-amz-request-id"]
+    auth = basic(gateway.access_key, gateway.secret_key)
+
+    def entry() -> dict[str, Any] | None:
+        errors = json.loads(get(gateway, ui.STATUS_PATH, auth).body)["errors"]
+        return next((e for e in errors if e["request_id"] == rid), None)
+    # the access log line is written once the response is sent: allow it a moment
+    e = poll(entry, lambda e: e is not None and e["status"] is not None, 10.0,
+             "the failed GET's entry with its status")
+    assert e is not None
+    assert (e["op"], e["status"], e["level"]) == ("get_object", 503, "warning"), e
+    assert "/datasets/README" in e["message"], e
+
+
 # ---- in the browser ------------------------------------------------------------------------
 class Browser:
     """Headless Chromium and one page, driven over the DevTools protocol (a websocket)."""
