@@ -14,7 +14,7 @@ from aiohttp import web
 
 from node.s3.body import BodyReader
 from node.s3.context import Md5Stream, S3Ctx, access_denied, bucket_owner, canned_acl
-from node.s3.errors import S3Error, to_s3_error
+from node.s3.errors import S3Error, not_implemented, to_s3_error
 from node.s3.xml import child_text, doc, el, escape, http_date, iso8601, owner_xml, parse
 from store.client import MAX_USER_META_BYTES, Client, user_meta_bytes
 from store.errors import EcstoreError, NotFound, RangeNotSatisfiable
@@ -156,7 +156,7 @@ async def check_write_conditions(ctx: S3Ctx) -> None:
     if none_match is None and match is None:
         return
     if none_match is not None and none_match.strip() != "*":
-        raise S3Error("NotImplemented", "If-None-Match on a write takes only *", 501)
+        raise not_implemented("If-None-Match on a write takes only *", "If-None-Match")
     try:
         rec: dict[str, Any] | None = await ctx.client.live_record(ctx.bucket, ctx.key)
     except NotFound:
