@@ -69,3 +69,32 @@ def test_a_subresource_not_implemented_names_no_header(gateway: Gateway, bucket:
     resp = raw_request(gateway, "GET", f"/{bucket}", "lifecycle=")
     assert (resp.status, resp.code) == (501, "NotImplemented")
     assert ET.fromstring(resp.body).find("Header") is None
+
+
+# ---- CreateBucket's LocationConstraint -----------------------------------------------------
+@pytest.mark.parametrize("constraint,code", [
+    ("us-east-1", "InvalidLocationConstraint"),        # S3: never a constraint
+    ("not a region", "InvalidLocationConstraint"),
+    ("eu-west-1", "IllegalLocationConstraintException"),  # a region, not ours
+    ("EU", "IllegalLocationConstraintException"),
+])
+def test_a_location_constraint_s3_refuses_in_our_region_is_refused(
+        gateway: Gateway, s3: BaseClient, constraint: str, code: str) -> None:
+    assert gateway.region == "us-east-1"
+    with pytest.raises(ClientError) as exc:
+        s3.create_bucket(Bucket="loc-refused", CreateBucketConfiguration={
+            "LocationConstraint": constraint})
+    err = exc.value.response
+    assert (err["Error"]["Code"], err["ResponseMetadata"]["HTTPStatusCode"]) == (code, 400)
+    if constraint == "us-east-1":
+        assert err["Error"]["Message"] == "The specified location-constraint is not valid"
+    assert client_error(lambda: s3.head_bucket(Bucket="loc-refused")) == ("404", 404)
+
+
+def test_create_bucket_as_boto3_and_the_aws_cli_send_it_works(gateway: Gateway, s3: BaseClient,
+                                                              aws: AwsCli) -> None:
+    s3.create_bucket(Bucket="loc-boto3")
+    make_client(gateway).create_bucket(Bucket="loc-empty-config", CreateBucketConfiguration={})
+    aws("s3", "mb", "s3://loc-cli")
+    for name in ("loc-boto3", "loc-empty-config", "loc-cli"):
+        assert s3.get_bucket_location(Bucket=name).get("LocationConstraint") is None, name
