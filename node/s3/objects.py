@@ -7,7 +7,7 @@ import logging
 import re
 from collections.abc import AsyncIterator, Mapping
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote
 
 from aiohttp import web
@@ -24,6 +24,7 @@ from store.striping import resolve_range
 from store.tiering import ARCHIVE_CLASSES, COLD_POLICY, has_policy
 
 log = logging.getLogger("ecstore.gateway")
+T = TypeVar("T")
 STORED_HEADERS = ("Cache-Control", "Content-Disposition", "Content-Encoding", "Content-Language",
                   "Expires")
 RESPONSE_OVERRIDES = {"response-content-type": "Content-Type",
@@ -35,6 +36,7 @@ MAX_DELETE_KEYS = 1000
 RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)$")
 PART_NUMBER_RE = re.compile(r"[0-9]{1,5}")
 META_PREFIX = "x-amz-meta-"
+COPY_CONDITION_PREFIX = "x-amz-copy-source-if-"
 STORAGE_CLASS_HEADER = "x-amz-storage-class"
 # S3's storage classes (x-amz-storage-class): each is taken and kept with the object;
 # the infrequent-access and archive ones are written uncached - the storage nodes do not
@@ -170,7 +172,7 @@ async def check_write_conditions(ctx: S3Ctx) -> None:
             raise precondition_failed()
 
 
-async def checked_at_end(source: AsyncIterator[bytes], ctx: S3Ctx) -> AsyncIterator[bytes]:
+async def checked_at_end(source: AsyncIterator[T], ctx: S3Ctx) -> AsyncIterator[T]:
     """`source`, then check_write_conditions again once its last byte is read, before the
     commit: a conditional PUT's check then misses only writes of the last moment, not
     those made while its body was streaming in."""
@@ -382,15 +384,50 @@ def copy_source(value: str) -> tuple[str, str]:
     return bucket, key
 
 
-async def copy_object(ctx: S3Ctx) -> web.StreamResponse:
-    await ctx.owned_bucket()
+def copy_conditions(headers: Mapping[str, str]) -> dict[str, str]:
+    """A copy's x-amz-copy-source-if-* headers as the If-* ones check_conditions reads."""
+    return {k[len("x-amz-copy-source-"):].title(): v for k, v in headers.items()
+            if k.lower().startswith(COPY_CONDITION_PREFIX)}
+
+
+async def copy_source_record(ctx: S3Ctx) -> tuple[S3Ctx, dict[str, Any]]:
+    """The source of a CopyObject or UploadPartCopy (x-amz-copy-source) and the record of
+    its live version, if the caller may read it (NoSuchBucket, NoSuchKey, AccessDenied) and
+    its x-amz-copy-source-if-* conditions hold: PreconditionFailed (412) otherwise, where
+    a GET would answer 304 too, as S3 does for copies."""
     src_bucket, src_key = copy_source(ctx.headers["x-amz-copy-source"])
     src = S3Ctx(ctx.request, ctx.gw, src_bucket, src_key, ctx.user, ctx.auth)
     rec = await readable_record(src)
-    status = check_conditions({k[len("x-amz-copy-source-"):].title(): v for k, v in ctx.headers.items()
-                               if k.lower().startswith("x-amz-copy-source-if-")}, rec)
-    if status is not None:
+    if check_conditions(copy_conditions(ctx.headers), rec) is not None:
         raise precondition_failed()
+    return src, rec
+
+
+async def copied_bytes(src: S3Ctx, rec: dict[str, Any], lo: int = 0,
+                       hi: int | None = None) -> AsyncIterator[bytes | memoryview]:
+    """Bytes [lo, hi) of the very version `rec` of a copy's source (not of whatever is live
+    by then). For a conditional copy, once the last byte is read and before the caller
+    commits, `rec` must still be the source's live version: a source overwritten or
+    deleted meanwhile is PreconditionFailed, so a copy never commits after its source
+    changed under the conditions it was checked with (but for the moment between this
+    check and the commit: the metadata layer has no conditional commit)."""
+    hi = rec["size"] if hi is None else hi
+    if hi > lo:
+        async for piece in src.client.get_stream(src.bucket, src.key, lo, hi - 1, record=rec):
+            yield piece
+    if copy_conditions(src.headers):
+        try:
+            live = await src.client.live_record(src.bucket, src.key)
+        except NotFound:
+            raise precondition_failed() from None
+        if live["version_id"] != rec["version_id"]:
+            raise precondition_failed()
+
+
+async def copy_object(ctx: S3Ctx) -> web.StreamResponse:
+    await ctx.owned_bucket()
+    src, rec = await copy_source_record(ctx)
+    src_bucket, src_key = src.bucket, src.key
     directive = ctx.headers.get("x-amz-metadata-directive", "COPY").upper()
     if directive not in ("COPY", "REPLACE"):
         raise S3Error("InvalidArgument", "Unknown metadata directive.")
@@ -408,8 +445,10 @@ async def copy_object(ctx: S3Ctx) -> web.StreamResponse:
         meta, keep = user_meta(ctx.headers), stored_headers(ctx.headers)
     acl = canned_acl(ctx.headers)
     await check_write_conditions(ctx)
-    stream = Md5Stream(ctx.client.get_stream(src_bucket, src_key, record=rec))
-    info = await ctx.client.put(ctx.bucket, ctx.key, aiter(stream), content_type=content_type,
+    stream = Md5Stream(copied_bytes(src, rec))
+    conditional = "If-None-Match" in ctx.headers or "If-Match" in ctx.headers
+    source = checked_at_end(aiter(stream), ctx) if conditional else aiter(stream)
+    info = await ctx.client.put(ctx.bucket, ctx.key, source, content_type=content_type,
                                 meta=meta, extra=lambda: {"etag": stream.md5_hex(),
                                                           "headers": keep, "acl": acl,
                                                           # the same bytes: the same sums

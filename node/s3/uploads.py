@@ -4,7 +4,6 @@ into segments (never held whole)."""
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
 
@@ -18,8 +17,8 @@ from node.s3.objects import (
     check_write_conditions,
     class_field,
     class_writes,
-    copy_source,
-    readable_record,
+    copied_bytes,
+    copy_source_record,
     storage_class,
     stored_headers,
     user_meta,
@@ -108,22 +107,14 @@ def copy_source_range(value: str | None, size: int) -> tuple[int, int] | None:
 
 
 async def _upload_part_copy(ctx: S3Ctx, number: int) -> web.StreamResponse:
-    src_bucket, src_key = copy_source(ctx.headers["x-amz-copy-source"])
-    rec = await readable_record(S3Ctx(ctx.request, ctx.gw, src_bucket, src_key, ctx.user,
-                                      ctx.auth))
+    src, rec = await copy_source_record(ctx)   # x-amz-copy-source-if-*: as CopyObject's
     rng = copy_source_range(ctx.headers.get("x-amz-copy-source-range"), rec["size"])
     lo, hi = rng if rng is not None else (0, rec["size"])
-    stream = Md5Stream(ctx.client.get_stream(src_bucket, src_key, lo, hi - 1, record=rec)
-                       if hi > lo else _empty())
+    stream = Md5Stream(copied_bytes(src, rec, lo, hi))
     part = await mp.put_part(ctx.client, ctx.bucket, ctx.query["uploadId"], number,
                              aiter(stream), stream.md5_hex)
     return xml_response(doc("CopyPartResult", el("LastModified", iso8601(part.ts)),
                             el("ETag", f'"{part.etag}"')))
-
-
-async def _empty() -> AsyncIterator[bytes]:
-    return
-    yield b""
 
 
 async def complete_upload(ctx: S3Ctx) -> web.StreamResponse:

@@ -48,6 +48,117 @@ def source(s3: BaseClient, bucket: str) -> str:
     return str(s3.put_object(Bucket=bucket, Key="upc/src", Body=b"0123456789")["ETag"])
 
 
+# ---- UploadPartCopy's conditions ---------------------------------------------------------
+def failing_conditions(etag: str) -> list[dict[str, Any]]:
+    """x-amz-copy-source-if-* sets S3 answers 412 to (for a source with this ETag)."""
+    return [{"CopySourceIfMatch": '"0123"'},
+            {"CopySourceIfNoneMatch": etag},
+            {"CopySourceIfModifiedSince": FUTURE},
+            {"CopySourceIfUnmodifiedSince": PAST},
+            {"CopySourceIfNoneMatch": etag, "CopySourceIfModifiedSince": PAST}]
+
+
+def holding_conditions(etag: str) -> list[dict[str, Any]]:
+    """Sets under which S3 copies (if-match true wins over if-unmodified-since false)."""
+    return [{"CopySourceIfMatch": etag},
+            {"CopySourceIfNoneMatch": '"0123"'},
+            {"CopySourceIfModifiedSince": PAST},
+            {"CopySourceIfUnmodifiedSince": FUTURE},
+            {"CopySourceIfMatch": etag, "CopySourceIfUnmodifiedSince": PAST}]
+
+
+def test_upload_part_copy_honours_the_copy_source_conditions(s3: BaseClient, bucket: str,
+                                                              source: str) -> None:
+    upload_id = s3.create_multipart_upload(Bucket=bucket, Key="upc/dst")["UploadId"]
+    args = {"Bucket": bucket, "Key": "upc/dst", "UploadId": upload_id,
+            "CopySource": f"{bucket}/upc/src"}
+    try:
+        for n, conditions in enumerate(failing_conditions(source), 1):
+            assert client_error(lambda: s3.upload_part_copy(
+                PartNumber=n, **args, **conditions)) == ("PreconditionFailed", 412), conditions
+        assert s3.list_parts(Bucket=bucket, Key="upc/dst", UploadId=upload_id).get("Parts", []) == []
+        for n, conditions in enumerate(holding_conditions(source), 1):
+            etag = s3.upload_part_copy(PartNumber=n, **args, **conditions)["CopyPartResult"]["ETag"]
+            assert etag == source, conditions
+        parts = s3.list_parts(Bucket=bucket, Key="upc/dst", UploadId=upload_id)["Parts"]
+        assert [p["PartNumber"] for p in parts] == [1, 2, 3, 4, 5]
+    finally:
+        s3.abort_multipart_upload(Bucket=bucket, Key="upc/dst", UploadId=upload_id)
+
+
+def test_copy_object_answers_the_same_conditions_the_same_way(s3: BaseClient, bucket: str,
+                                                               source: str) -> None:
+    for conditions in failing_conditions(source):
+        assert client_error(lambda: s3.copy_object(
+            Bucket=bucket, Key="upc/copy", CopySource=f"{bucket}/upc/src",
+            **conditions)) == ("PreconditionFailed", 412), conditions
+    assert client_error(lambda: s3.head_object(Bucket=bucket, Key="upc/copy")) == ("404", 404)
+    for conditions in holding_conditions(source):
+        s3.copy_object(Bucket=bucket, Key="upc/copy", CopySource=f"{bucket}/upc/src", **conditions)
+    assert s3.get_object(Bucket=bucket, Key="upc/copy")["Body"].read() == b"0123456789"
+
+
+# ---- a conditional copy whose source changes while it is copied ----------------------------
+COPY_SOURCE_BYTES = 96 * MiB   # long enough to copy that an overwrite lands meanwhile
+OVERWRITE_AFTER_S = 0.3        # the copy has checked its conditions by then
+
+
+def copy_while_overwriting(s3: BaseClient, bucket: str, copy: Any) -> tuple[Any, float, float]:
+    """Run copy() in a thread, overwrite the source (race/src) meanwhile; (the copy's result
+    or ClientError, when the overwrite ended, when the copy ended) in monotonic seconds."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["result"] = copy()
+        except ClientError as exc:
+            out["result"] = exc
+        out["ended"] = time.monotonic()
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(OVERWRITE_AFTER_S)
+    s3.put_object(Bucket=bucket, Key="race/src", Body=b"the source, overwritten")
+    overwritten = time.monotonic()
+    t.join(120)
+    assert not t.is_alive()
+    return out["result"], overwritten, out["ended"]
+
+
+@pytest.mark.parametrize("operation", ["copy_object", "upload_part_copy"])
+def test_a_conditional_copy_does_not_commit_once_its_source_changed(
+        s3: BaseClient, bucket: str, operation: str) -> None:
+    etag = s3.put_object(Bucket=bucket, Key="race/src", Body=blob(COPY_SOURCE_BYTES, 7))["ETag"]
+    upload_id = s3.create_multipart_upload(Bucket=bucket, Key="race/dst")["UploadId"]
+    try:
+        if operation == "copy_object":
+            def copy() -> Any:
+                return s3.copy_object(Bucket=bucket, Key="race/dst", CopySource=f"{bucket}/race/src",
+                                      CopySourceIfMatch=etag)
+        else:
+            def copy() -> Any:
+                return s3.upload_part_copy(Bucket=bucket, Key="race/dst", UploadId=upload_id,
+                                           PartNumber=1, CopySource=f"{bucket}/race/src",
+                                           CopySourceIfMatch=etag)
+        result, overwritten, ended = copy_while_overwriting(s3, bucket, copy)
+        assert overwritten < ended, "the copy ended before the overwrite: make the source larger"
+        assert isinstance(result, ClientError), result
+        assert (result.response["Error"]["Code"],
+                result.response["ResponseMetadata"]["HTTPStatusCode"]) == ("PreconditionFailed", 412)
+        assert client_error(lambda: s3.head_object(Bucket=bucket, Key="race/dst")) == ("404", 404)
+        assert s3.list_parts(Bucket=bucket, Key="race/dst", UploadId=upload_id).get("Parts", []) == []
+    finally:
+        s3.abort_multipart_upload(Bucket=bucket, Key="race/dst", UploadId=upload_id)
+
+
+def test_an_unconditional_copy_copies_the_version_it_read(s3: BaseClient, bucket: str) -> None:
+    data = blob(COPY_SOURCE_BYTES, 8)
+    s3.put_object(Bucket=bucket, Key="race/src", Body=data)
+    result, overwritten, ended = copy_while_overwriting(s3, bucket, lambda: s3.copy_object(
+        Bucket=bucket, Key="race/whole", CopySource=f"{bucket}/race/src"))
+    assert overwritten < ended and not isinstance(result, ClientError), result
+    assert s3.get_object(Bucket=bucket, Key="race/whole")["Body"].read() == data
+
+
 # ---- NotImplemented names the header -------------------------------------------------------
 @pytest.mark.parametrize("kwargs,header", [
     ({"Tagging": "a=b"}, "x-amz-tagging"),
