@@ -11,6 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
+from node.s3.body import RunningChecksum
 from node.s3.errors import S3Error, access_denied, not_implemented
 from node.s3.sigv4 import AuthResult
 from store.client import Client
@@ -156,16 +157,25 @@ def canned_acl(headers: Mapping[str, str]) -> str:
 
 
 class Md5Stream:
-    """Passes an async byte stream through, computing its MD5 (the ETag of a copy)."""
+    """Passes an async byte stream through, computing its MD5 (the ETag of a copy) and,
+    given an algorithm, its S3 checksum (a copy's)."""
 
-    def __init__(self, source: AsyncIterator[bytes] | AsyncIterator[bytes | memoryview]) -> None:
+    def __init__(self, source: AsyncIterator[bytes] | AsyncIterator[bytes | memoryview],
+                 checksum: str | None = None) -> None:
         self.source = source
         self.md5 = hashlib.md5()
+        self.checksum = RunningChecksum(checksum) if checksum else None
 
     async def __aiter__(self) -> AsyncIterator[bytes | memoryview]:
         async for chunk in self.source:
             self.md5.update(chunk)
+            if self.checksum is not None:
+                self.checksum.update(bytes(chunk))
             yield chunk
 
     def md5_hex(self) -> str:
         return self.md5.hexdigest()
+
+    def checksums(self) -> dict[str, str]:
+        """{algorithm: base64 value} of the bytes passed, {} without an algorithm."""
+        return {self.checksum.algorithm: self.checksum.b64digest()} if self.checksum else {}

@@ -12,7 +12,7 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from node.s3.body import BodyReader
+from node.s3.body import DIGEST_BYTES, BodyReader
 from node.s3.context import Md5Stream, S3Ctx, access_denied, bucket_owner, canned_acl
 from node.s3.errors import S3Error, not_implemented, to_s3_error
 from node.s3.xml import child_text, doc, el, escape, http_date, iso8601, owner_xml, parse
@@ -94,9 +94,19 @@ async def class_writes(client: Client, cls: str | None) -> dict[str, Any]:
 
 
 def checksum_headers(rec: Mapping[str, Any]) -> dict[str, str]:
-    """The whole object's checksums as sent at PUT (S3 returns them only when asked with
-    x-amz-checksum-mode: ENABLED, and never for a range)."""
-    return {f"x-amz-checksum-{alg}": v for alg, v in (rec.get("checksums") or {}).items()}
+    """The checksums of an object - as sent at PUT, or a multipart upload's COMPOSITE or
+    FULL_OBJECT one - or of one part of it (`rec` a part of a record's "parts"), with their
+    x-amz-checksum-type. S3 returns them only when asked with x-amz-checksum-mode: ENABLED,
+    and never for a range."""
+    sums = rec.get("checksums") or {}
+    h = {f"x-amz-checksum-{alg}": v for alg, v in sums.items()}
+    if sums:
+        h["x-amz-checksum-type"] = rec.get("checksum_type") or "FULL_OBJECT"
+    return h
+
+
+def checksum_mode(headers: Mapping[str, str]) -> bool:
+    return headers.get("x-amz-checksum-mode", "").upper() == "ENABLED"
 
 
 def user_meta(headers: Mapping[str, str]) -> dict[str, str]:
@@ -269,6 +279,8 @@ def byte_range(ctx: S3Ctx, rec: Mapping[str, Any], headers: dict[str, str]) -> t
         lo, hi, count = part_bounds(rec, number)
         if rec.get("parts"):
             headers["x-amz-mp-parts-count"] = str(count)
+        if checksum_mode(ctx.headers):   # the part's own, as S3 answers (all: one part)
+            headers.update(checksum_headers(rec["parts"][number - 1] if rec.get("parts") else rec))
         if hi == lo:   # an empty part (an empty object): no Content-Range can say it
             return lo, hi, False
     else:
@@ -277,7 +289,7 @@ def byte_range(ctx: S3Ctx, rec: Mapping[str, Any], headers: dict[str, str]) -> t
                           {"Content-Range": "bytes */0"})
         rng = parse_range(ctx.headers.get("Range"), size)
         if rng is None:
-            if ctx.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED":
+            if checksum_mode(ctx.headers):
                 headers.update(checksum_headers(rec))
             return 0, size, False
         lo, hi = rng
@@ -424,6 +436,19 @@ async def copied_bytes(src: S3Ctx, rec: dict[str, Any], lo: int = 0,
             raise precondition_failed()
 
 
+def copy_checksum(headers: Mapping[str, str], rec: Mapping[str, Any]) -> str | None:
+    """The checksum algorithm of a copy: its x-amz-checksum-algorithm, else the source's
+    (a multipart source's COMPOSITE one becomes the FULL_OBJECT checksum of the copy, which
+    is one part). InvalidRequest for an algorithm we do not know."""
+    name = headers.get("x-amz-checksum-algorithm")
+    if name is None:
+        return next(iter(rec.get("checksums") or {}), None)
+    if name.strip().lower() not in DIGEST_BYTES:
+        raise S3Error("InvalidRequest", "Checksum algorithm provided is unsupported. Please try "
+                      "again with any of the valid types: [CRC32, CRC32C, CRC64NVME, SHA1, SHA256]")
+    return name.strip().lower()
+
+
 async def copy_object(ctx: S3Ctx) -> web.StreamResponse:
     await ctx.owned_bucket()
     src, rec = await copy_source_record(ctx)
@@ -445,14 +470,14 @@ async def copy_object(ctx: S3Ctx) -> web.StreamResponse:
         meta, keep = user_meta(ctx.headers), stored_headers(ctx.headers)
     acl = canned_acl(ctx.headers)
     await check_write_conditions(ctx)
-    stream = Md5Stream(copied_bytes(src, rec))
+    stream = Md5Stream(copied_bytes(src, rec), copy_checksum(ctx.headers, rec))
     conditional = "If-None-Match" in ctx.headers or "If-Match" in ctx.headers
     source = checked_at_end(aiter(stream), ctx) if conditional else aiter(stream)
     info = await ctx.client.put(ctx.bucket, ctx.key, source, content_type=content_type,
                                 meta=meta, extra=lambda: {"etag": stream.md5_hex(),
                                                           "headers": keep, "acl": acl,
-                                                          # the same bytes: the same sums
-                                                          "checksums": rec.get("checksums") or {},
+                                                          # of the copy's bytes, whole
+                                                          "checksums": stream.checksums(),
                                                           **class_field(cls)},
                                 **await class_writes(ctx.client, cls))
     body = doc("CopyObjectResult", el("LastModified", iso8601(info.ts)),
