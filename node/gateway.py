@@ -33,7 +33,7 @@ from node.metrics import (
 )
 from node.s3 import buckets, objects, uploads
 from node.s3.context import DEFAULT_SEGMENT_SLOTS, Gateway, GatewayConfig, S3Ctx
-from node.s3.errors import S3Error, access_denied, to_s3_error
+from node.s3.errors import S3Error, access_denied, not_implemented, to_s3_error
 from node.s3.sigv2 import access_key_v2, authenticate_v2, is_v2
 from node.s3.sigv4 import AuthResult, authenticate
 from node.server import OBSERVER, install_observer, metrics, run
@@ -86,8 +86,8 @@ def route(method: str, ctx: S3Ctx) -> Handler:
         raise S3Error("NotImplemented", f"{(bad or ['versioning'])[0]} is not supported", 501)
     header = unsupported_header(ctx.headers)
     if header is not None:
-        raise S3Error("NotImplemented", f"A header you provided implies functionality that is "
-                      f"not implemented: {header}", 501)
+        raise not_implemented("A header you provided implies functionality that is not "
+                              f"implemented: {header}", header)
     if not ctx.bucket:
         if method == "GET":
             return buckets.list_buckets

@@ -86,10 +86,12 @@ def check_complete(requested: list[tuple[int, str]], parts: dict[int, dict[str, 
 
 async def create_upload(c: Client, bucket: str, key: str, *, content_type: str,
                         meta: dict[str, str], fields: dict[str, Any] | None = None,
-                        policy: str | None = None, cache: bool = True) -> str:
+                        policy: str | None = None, cache: bool = True,
+                        checksum: dict[str, str] | None = None) -> str:
     """Start an upload; `fields` (owner, acl, headers, storage_class) go into the final
     record; `policy` (else the bucket's default, as Client.put) is its parts'; `cache=False`
-    has its parts written uncached (Client.put's). Returns its id."""
+    has its parts written uncached (Client.put's); `checksum` ({"algorithm", "type"}, S3's)
+    is kept in the upload's record for its parts and completion. Returns its id."""
     check_new_key(key)
     brec = await c.bucket_record(bucket)
     cmap = await c.cluster_map()
@@ -99,7 +101,7 @@ async def create_upload(c: Client, bucket: str, key: str, *, content_type: str,
               "bucket": bucket, "key": key, "content_type": content_type, "meta": meta,
               "fields": fields or {}, "policy": pol.name, "k": pol.k, "m": pol.m,
               "ec_type": pol.ec_type, "segment_size": pol.segment_size_bytes,
-              "initiated": time.time(), "cache": cache}
+              "initiated": time.time(), "cache": cache, "checksum": checksum}
     await c.commit(UPLOADS_BUCKET, upload_key(bucket, upload_id), record)
     return upload_id
 
@@ -116,9 +118,11 @@ async def get_upload(c: Client, bucket: str, upload_id: str) -> dict[str, Any]:
 
 
 async def put_part(c: Client, bucket: str, upload_id: str, number: int, source: Source,
-                   md5_hex: Callable[[], str]) -> PartInfo:
+                   md5_hex: Callable[[], str],
+                   checksums: Callable[[], dict[str, str]] | None = None) -> PartInfo:
     """Encode and place one part, then record it. `md5_hex` is asked once every byte is
-    read (the body reader computes it while streaming, and raises if a checksum failed)."""
+    read (the body reader computes it while streaming, and raises if a checksum failed);
+    `checksums` then too: {algorithm: base64 value} of the part, kept in its record."""
     if not 1 <= number <= MAX_PART_NUMBER:
         raise BadRequest(f"part number must be between 1 and {MAX_PART_NUMBER}")
     up = await get_upload(c, bucket, upload_id)
@@ -127,7 +131,8 @@ async def put_part(c: Client, bucket: str, upload_id: str, number: int, source: 
                                cache=up.get("cache", True))
     etag = md5_hex()
     record = {**ext, "ts": time.time_ns(), "deleted": False, "etag": etag,
-              "upload_id": upload_id, "part": number}
+              "upload_id": upload_id, "part": number,
+              "checksums": checksums() if checksums is not None else {}}
     await c.commit(PARTS_BUCKET, part_key(upload_id, number), record)
     return PartInfo(number, ext["size"], etag, record["ts"])
 
@@ -152,9 +157,12 @@ async def _all_parts(c: Client, upload_id: str) -> list[PartInfo]:
             return out
 
 
-async def complete(c: Client, bucket: str, upload_id: str,
-                   requested: list[tuple[int, str]]) -> dict[str, Any]:
+async def complete(c: Client, bucket: str, upload_id: str, requested: list[tuple[int, str]],
+                   more_fields: Callable[[list[dict[str, Any]]], dict[str, Any]] | None = None
+                   ) -> dict[str, Any]:
     """Commit the object the named parts make, in order; return its record.
+    `more_fields`, given the chosen parts' records in order, returns more fields of the
+    object's record (the S3 gateway's checksums); if it raises, nothing is committed.
 
     Raises NoSuchUpload, PartError. The part and upload records are tombstoned after."""
     up = await get_upload(c, bucket, upload_id)
@@ -174,10 +182,12 @@ async def complete(c: Client, bucket: str, upload_id: str,
         "content_type": up["content_type"], "meta": up["meta"], "policy": up["policy"],
         "k": up["k"], "m": up["m"], "ec_type": up["ec_type"], "segment_size": up["segment_size"],
         "epoch": cmap.epoch, "inline": None, "handoffs": {},
-        "parts": [{f: p[f] for f in ("version_id", "size", "segments", "handoffs", "etag")}
+        "parts": [{**{f: p[f] for f in ("version_id", "size", "segments", "handoffs", "etag")},
+                   **({"checksums": p["checksums"]} if p.get("checksums") else {})}
                   for p in chosen],
         "size": sum(p["size"] for p in chosen), "segments": sum(p["segments"] for p in chosen),
         "etag": multipart_etag([p["etag"] for p in chosen]),
+        **(more_fields(chosen) if more_fields is not None else {}),
     }
     await c.commit(bucket, up["key"], record)
     await _forget(c, bucket, upload_id)

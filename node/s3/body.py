@@ -273,18 +273,19 @@ def _hash_thread() -> ThreadPoolExecutor:
 class BodyReader:
     """Wraps a request's byte stream; yields decoded payload bytes; verifies everything it can.
     After iteration completes without error: .md5_hex (MD5 of the decoded payload, always computed: it is the ETag),
-    .size (decoded bytes), .checksums (algorithm -> base64 value that was sent and verified, e.g. {"crc32": "..."}).
+    .size (decoded bytes), .checksums (algorithm -> base64 value that was sent and verified, e.g. {"crc32": "..."};
+    with `compute`, the value of that algorithm computed when the request sends no checksum).
     The constructor validates the headers (raises S3Error); iterate once."""
 
     def __init__(self, content: StreamLike, headers: Mapping[str, str], auth: AuthResult | None,
-                 max_bytes: int, chunk_bytes: int = 1 << 20) -> None:
+                 max_bytes: int, chunk_bytes: int = 1 << 20, compute: str | None = None) -> None:
         assert chunk_bytes > 0 and max_bytes >= 0
         self._content, self._auth = content, auth
         self._max_bytes, self._chunk_bytes = max_bytes, chunk_bytes
         self.plan = plan_body(headers, auth, max_bytes)
         self._md5 = hashlib.md5(usedforsecurity=False)  # the ETag, not a security check
         self._sha256 = hashlib.sha256() if self.plan.payload_sha256 else None
-        algorithm = self.plan.checksum_algorithm
+        algorithm = self.plan.checksum_algorithm or compute
         self._checksum = RunningChecksum(algorithm) if algorithm else None
         self._expected_checksum = self.plan.checksum_expected
         self._size_bytes = 0
@@ -473,7 +474,7 @@ class BodyReader:
         if self._sha256 is not None and self._sha256.hexdigest() != self.plan.payload_sha256:
             raise S3Error("XAmzContentSHA256Mismatch", "The provided 'x-amz-content-sha256' header does not match "
                           "what was computed.")
-        if self._checksum is not None:
+        if self._checksum is not None and self.plan.checksum_algorithm is not None:
             if self._expected_checksum is None or self._checksum.digest() != self._expected_checksum:
                 raise bad_digest(f"The {self._checksum.algorithm.upper()} you specified did not match the "
                                  "calculated checksum.")

@@ -23,6 +23,8 @@ from store.names import check_bucket_name
 
 MAX_LIST_KEYS = 1000
 TOKEN_MAC_BYTES = 12   # 96 bits: a token nobody made is refused
+# a region's name (us-west-2, eu-central-1, us-gov-west-1, ...) or S3's old "EU"
+REGION_RE = re.compile(r"EU|[a-z]{2}(-[a-z]+)+-[0-9]{1,2}")
 TOKEN_CONTEXT = b"ecstore s3 continuation token\0"   # this MAC is for nothing else
 
 
@@ -52,10 +54,8 @@ async def create_bucket(ctx: S3Ctx) -> web.StreamResponse:
     body = await BodyReader(ctx.request.content, ctx.headers, ctx.auth, 64 * 1024).read_all()
     if body.strip():  # CreateBucketConfiguration: only our one region is accepted
         root = parse(body, "CreateBucketConfiguration")
-        loc = (root.findtext("LocationConstraint") or "").strip()
-        if loc not in ("", ctx.gw.config.region):
-            raise S3Error("InvalidLocationConstraint", "The specified location-constraint "
-                          "is not valid")
+        check_location_constraint((root.findtext("LocationConstraint") or "").strip(),
+                                  ctx.gw.config.region)
     ctx.gw.forget_bucket(ctx.bucket)
     try:
         existing = await ctx.gw.bucket(ctx.bucket)
@@ -73,6 +73,24 @@ async def create_bucket(ctx: S3Ctx) -> web.StreamResponse:
                       409) from None
     ctx.gw.forget_bucket(ctx.bucket)
     return web.Response(status=200, headers={"Location": f"/{ctx.bucket}"})
+
+
+def check_location_constraint(constraint: str, region: str) -> None:
+    """Refuse a CreateBucket's LocationConstraint as S3's endpoint for `region` does:
+    us-east-1 (never a constraint: its buckets have none) or a name that is no region is
+    InvalidLocationConstraint; another region than ours IllegalLocationConstraintException
+    (we cannot make a bucket elsewhere, as S3's us-east-1 endpoint can). None, or our
+    region when it is not us-east-1, is taken - none in any region too, unlike S3's
+    regional endpoints, so that s3fs and boto3 without a region keep working."""
+    if constraint in ("", region) and constraint != "us-east-1" \
+            or (constraint, region) == ("EU", "eu-west-1"):   # S3's old name of eu-west-1
+        return
+    if constraint == "us-east-1" or not REGION_RE.fullmatch(constraint):
+        raise S3Error("InvalidLocationConstraint", "The specified location-constraint is not "
+                      "valid")
+    raise S3Error("IllegalLocationConstraintException", f"The {constraint} location "
+                  "constraint is incompatible for the region specific endpoint this request "
+                  "was sent to.")
 
 
 async def head_bucket(ctx: S3Ctx) -> web.StreamResponse:

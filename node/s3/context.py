@@ -11,7 +11,8 @@ from typing import Any
 
 from aiohttp import web
 
-from node.s3.errors import S3Error, access_denied
+from node.s3.body import RunningChecksum
+from node.s3.errors import S3Error, access_denied, not_implemented
 from node.s3.sigv4 import AuthResult
 from store.client import Client
 from store.errors import NotFound
@@ -144,27 +145,37 @@ def bucket_owner(rec: Mapping[str, Any]) -> str:
 def canned_acl(headers: Mapping[str, str]) -> str:
     """The x-amz-acl of a request ("private" if absent); NotImplemented for any other
     canned ACL or for grant headers: never a silent success."""
-    if any(h.lower().startswith("x-amz-grant-") for h in headers):
-        raise S3Error("NotImplemented", "grant headers are not supported; use the canned "
-                      "ACLs private or public-read", 501)
+    grant = next((h for h in headers if h.lower().startswith("x-amz-grant-")), None)
+    if grant is not None:
+        raise not_implemented("grant headers are not supported; use the canned ACLs private "
+                              "or public-read", grant.lower())
     acl = headers.get("x-amz-acl", "private")
     if acl not in CANNED_ACLS:
-        raise S3Error("NotImplemented", f"canned ACL {acl[:40]!r} is not supported; use "
-                      "private or public-read", 501)
+        raise not_implemented(f"canned ACL {acl[:40]!r} is not supported; use private or "
+                              "public-read", "x-amz-acl")
     return acl
 
 
 class Md5Stream:
-    """Passes an async byte stream through, computing its MD5 (the ETag of a copy)."""
+    """Passes an async byte stream through, computing its MD5 (the ETag of a copy) and,
+    given an algorithm, its S3 checksum (a copy's)."""
 
-    def __init__(self, source: AsyncIterator[bytes] | AsyncIterator[bytes | memoryview]) -> None:
+    def __init__(self, source: AsyncIterator[bytes] | AsyncIterator[bytes | memoryview],
+                 checksum: str | None = None) -> None:
         self.source = source
         self.md5 = hashlib.md5()
+        self.checksum = RunningChecksum(checksum) if checksum else None
 
     async def __aiter__(self) -> AsyncIterator[bytes | memoryview]:
         async for chunk in self.source:
             self.md5.update(chunk)
+            if self.checksum is not None:
+                self.checksum.update(bytes(chunk))
             yield chunk
 
     def md5_hex(self) -> str:
         return self.md5.hexdigest()
+
+    def checksums(self) -> dict[str, str]:
+        """{algorithm: base64 value} of the bytes passed, {} without an algorithm."""
+        return {self.checksum.algorithm: self.checksum.b64digest()} if self.checksum else {}

@@ -7,19 +7,27 @@ from store.errors import BadRequest, Conflict, EcstoreError, NotFound, RangeNotS
 
 
 class S3Error(Exception):
-    """One S3 error answer (`code` as AWS spells it, e.g. NoSuchKey)."""
+    """One S3 error answer (`code` as AWS spells it, e.g. NoSuchKey). `header` names the
+    request header that caused it, where S3 names one (<Header> of a NotImplemented)."""
 
     def __init__(self, code: str, message: str, status: int = 400,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, *, header: str | None = None) -> None:
         super().__init__(f"{code}: {message}")
         self.code, self.message, self.status = code, message, status
         self.headers = dict(headers or {})
+        self.header = header
 
     def to_xml(self, resource: str = "", request_id: str = "") -> bytes:
+        header = "" if self.header is None else f"<Header>{escape(self.header)}</Header>"
         return ("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error>"
                 f"<Code>{escape(self.code)}</Code><Message>{escape(self.message)}</Message>"
-                f"<Resource>{escape(resource)}</Resource><RequestId>{escape(request_id)}"
+                f"{header}<Resource>{escape(resource)}</Resource><RequestId>{escape(request_id)}"
                 "</RequestId></Error>").encode()
+
+
+def not_implemented(message: str, header: str | None = None) -> S3Error:
+    """501 NotImplemented; `header`: the request header asking for what we lack."""
+    return S3Error("NotImplemented", message, 501, header=header)
 
 
 def access_denied(message: str = "Access Denied") -> S3Error:

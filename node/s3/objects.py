@@ -7,14 +7,14 @@ import logging
 import re
 from collections.abc import AsyncIterator, Mapping
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote
 
 from aiohttp import web
 
-from node.s3.body import BodyReader
+from node.s3.body import DIGEST_BYTES, BodyReader
 from node.s3.context import Md5Stream, S3Ctx, access_denied, bucket_owner, canned_acl
-from node.s3.errors import S3Error, to_s3_error
+from node.s3.errors import S3Error, not_implemented, to_s3_error
 from node.s3.xml import child_text, doc, el, escape, http_date, iso8601, owner_xml, parse
 from store.client import MAX_USER_META_BYTES, Client, user_meta_bytes
 from store.errors import EcstoreError, NotFound, RangeNotSatisfiable
@@ -24,6 +24,7 @@ from store.striping import resolve_range
 from store.tiering import ARCHIVE_CLASSES, COLD_POLICY, has_policy
 
 log = logging.getLogger("ecstore.gateway")
+T = TypeVar("T")
 STORED_HEADERS = ("Cache-Control", "Content-Disposition", "Content-Encoding", "Content-Language",
                   "Expires")
 RESPONSE_OVERRIDES = {"response-content-type": "Content-Type",
@@ -35,6 +36,7 @@ MAX_DELETE_KEYS = 1000
 RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)$")
 PART_NUMBER_RE = re.compile(r"[0-9]{1,5}")
 META_PREFIX = "x-amz-meta-"
+COPY_CONDITION_PREFIX = "x-amz-copy-source-if-"
 STORAGE_CLASS_HEADER = "x-amz-storage-class"
 # S3's storage classes (x-amz-storage-class): each is taken and kept with the object;
 # the infrequent-access and archive ones are written uncached - the storage nodes do not
@@ -92,9 +94,19 @@ async def class_writes(client: Client, cls: str | None) -> dict[str, Any]:
 
 
 def checksum_headers(rec: Mapping[str, Any]) -> dict[str, str]:
-    """The whole object's checksums as sent at PUT (S3 returns them only when asked with
-    x-amz-checksum-mode: ENABLED, and never for a range)."""
-    return {f"x-amz-checksum-{alg}": v for alg, v in (rec.get("checksums") or {}).items()}
+    """The checksums of an object - as sent at PUT, or a multipart upload's COMPOSITE or
+    FULL_OBJECT one - or of one part of it (`rec` a part of a record's "parts"), with their
+    x-amz-checksum-type. S3 returns them only when asked with x-amz-checksum-mode: ENABLED,
+    and never for a range."""
+    sums = rec.get("checksums") or {}
+    h = {f"x-amz-checksum-{alg}": v for alg, v in sums.items()}
+    if sums:
+        h["x-amz-checksum-type"] = rec.get("checksum_type") or "FULL_OBJECT"
+    return h
+
+
+def checksum_mode(headers: Mapping[str, str]) -> bool:
+    return headers.get("x-amz-checksum-mode", "").upper() == "ENABLED"
 
 
 def user_meta(headers: Mapping[str, str]) -> dict[str, str]:
@@ -156,7 +168,7 @@ async def check_write_conditions(ctx: S3Ctx) -> None:
     if none_match is None and match is None:
         return
     if none_match is not None and none_match.strip() != "*":
-        raise S3Error("NotImplemented", "If-None-Match on a write takes only *", 501)
+        raise not_implemented("If-None-Match on a write takes only *", "If-None-Match")
     try:
         rec: dict[str, Any] | None = await ctx.client.live_record(ctx.bucket, ctx.key)
     except NotFound:
@@ -170,7 +182,7 @@ async def check_write_conditions(ctx: S3Ctx) -> None:
             raise precondition_failed()
 
 
-async def checked_at_end(source: AsyncIterator[bytes], ctx: S3Ctx) -> AsyncIterator[bytes]:
+async def checked_at_end(source: AsyncIterator[T], ctx: S3Ctx) -> AsyncIterator[T]:
     """`source`, then check_write_conditions again once its last byte is read, before the
     commit: a conditional PUT's check then misses only writes of the last moment, not
     those made while its body was streaming in."""
@@ -267,6 +279,8 @@ def byte_range(ctx: S3Ctx, rec: Mapping[str, Any], headers: dict[str, str]) -> t
         lo, hi, count = part_bounds(rec, number)
         if rec.get("parts"):
             headers["x-amz-mp-parts-count"] = str(count)
+        if checksum_mode(ctx.headers):   # the part's own, as S3 answers (all: one part)
+            headers.update(checksum_headers(rec["parts"][number - 1] if rec.get("parts") else rec))
         if hi == lo:   # an empty part (an empty object): no Content-Range can say it
             return lo, hi, False
     else:
@@ -275,7 +289,7 @@ def byte_range(ctx: S3Ctx, rec: Mapping[str, Any], headers: dict[str, str]) -> t
                           {"Content-Range": "bytes */0"})
         rng = parse_range(ctx.headers.get("Range"), size)
         if rng is None:
-            if ctx.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED":
+            if checksum_mode(ctx.headers):
                 headers.update(checksum_headers(rec))
             return 0, size, False
         lo, hi = rng
@@ -382,15 +396,63 @@ def copy_source(value: str) -> tuple[str, str]:
     return bucket, key
 
 
-async def copy_object(ctx: S3Ctx) -> web.StreamResponse:
-    await ctx.owned_bucket()
+def copy_conditions(headers: Mapping[str, str]) -> dict[str, str]:
+    """A copy's x-amz-copy-source-if-* headers as the If-* ones check_conditions reads."""
+    return {k[len("x-amz-copy-source-"):].title(): v for k, v in headers.items()
+            if k.lower().startswith(COPY_CONDITION_PREFIX)}
+
+
+async def copy_source_record(ctx: S3Ctx) -> tuple[S3Ctx, dict[str, Any]]:
+    """The source of a CopyObject or UploadPartCopy (x-amz-copy-source) and the record of
+    its live version, if the caller may read it (NoSuchBucket, NoSuchKey, AccessDenied) and
+    its x-amz-copy-source-if-* conditions hold: PreconditionFailed (412) otherwise, where
+    a GET would answer 304 too, as S3 does for copies."""
     src_bucket, src_key = copy_source(ctx.headers["x-amz-copy-source"])
     src = S3Ctx(ctx.request, ctx.gw, src_bucket, src_key, ctx.user, ctx.auth)
     rec = await readable_record(src)
-    status = check_conditions({k[len("x-amz-copy-source-"):].title(): v for k, v in ctx.headers.items()
-                               if k.lower().startswith("x-amz-copy-source-if-")}, rec)
-    if status is not None:
+    if check_conditions(copy_conditions(ctx.headers), rec) is not None:
         raise precondition_failed()
+    return src, rec
+
+
+async def copied_bytes(src: S3Ctx, rec: dict[str, Any], lo: int = 0,
+                       hi: int | None = None) -> AsyncIterator[bytes | memoryview]:
+    """Bytes [lo, hi) of the very version `rec` of a copy's source (not of whatever is live
+    by then). For a conditional copy, once the last byte is read and before the caller
+    commits, `rec` must still be the source's live version: a source overwritten or
+    deleted meanwhile is PreconditionFailed, so a copy never commits after its source
+    changed under the conditions it was checked with (but for the moment between this
+    check and the commit: the metadata layer has no conditional commit)."""
+    hi = rec["size"] if hi is None else hi
+    if hi > lo:
+        async for piece in src.client.get_stream(src.bucket, src.key, lo, hi - 1, record=rec):
+            yield piece
+    if copy_conditions(src.headers):
+        try:
+            live = await src.client.live_record(src.bucket, src.key)
+        except NotFound:
+            raise precondition_failed() from None
+        if live["version_id"] != rec["version_id"]:
+            raise precondition_failed()
+
+
+def copy_checksum(headers: Mapping[str, str], rec: Mapping[str, Any]) -> str | None:
+    """The checksum algorithm of a copy: its x-amz-checksum-algorithm, else the source's
+    (a multipart source's COMPOSITE one becomes the FULL_OBJECT checksum of the copy, which
+    is one part). InvalidRequest for an algorithm we do not know."""
+    name = headers.get("x-amz-checksum-algorithm")
+    if name is None:
+        return next(iter(rec.get("checksums") or {}), None)
+    if name.strip().lower() not in DIGEST_BYTES:
+        raise S3Error("InvalidRequest", "Checksum algorithm provided is unsupported. Please try "
+                      "again with any of the valid types: [CRC32, CRC32C, CRC64NVME, SHA1, SHA256]")
+    return name.strip().lower()
+
+
+async def copy_object(ctx: S3Ctx) -> web.StreamResponse:
+    await ctx.owned_bucket()
+    src, rec = await copy_source_record(ctx)
+    src_bucket, src_key = src.bucket, src.key
     directive = ctx.headers.get("x-amz-metadata-directive", "COPY").upper()
     if directive not in ("COPY", "REPLACE"):
         raise S3Error("InvalidArgument", "Unknown metadata directive.")
@@ -408,12 +470,14 @@ async def copy_object(ctx: S3Ctx) -> web.StreamResponse:
         meta, keep = user_meta(ctx.headers), stored_headers(ctx.headers)
     acl = canned_acl(ctx.headers)
     await check_write_conditions(ctx)
-    stream = Md5Stream(ctx.client.get_stream(src_bucket, src_key, record=rec))
-    info = await ctx.client.put(ctx.bucket, ctx.key, aiter(stream), content_type=content_type,
+    stream = Md5Stream(copied_bytes(src, rec), copy_checksum(ctx.headers, rec))
+    conditional = "If-None-Match" in ctx.headers or "If-Match" in ctx.headers
+    source = checked_at_end(aiter(stream), ctx) if conditional else aiter(stream)
+    info = await ctx.client.put(ctx.bucket, ctx.key, source, content_type=content_type,
                                 meta=meta, extra=lambda: {"etag": stream.md5_hex(),
                                                           "headers": keep, "acl": acl,
-                                                          # the same bytes: the same sums
-                                                          "checksums": rec.get("checksums") or {},
+                                                          # of the copy's bytes, whole
+                                                          "checksums": stream.checksums(),
                                                           **class_field(cls)},
                                 **await class_writes(ctx.client, cls))
     body = doc("CopyObjectResult", el("LastModified", iso8601(info.ts)),

@@ -4,13 +4,14 @@ into segments (never held whole)."""
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
 from aiohttp import web
 
-from node.s3.body import BodyReader
+from node.s3 import checksums as sums
+from node.s3.body import CHECKSUM_HEADERS, DIGEST_BYTES, BodyReader
 from node.s3.buckets import xml_response
 from node.s3.context import Md5Stream, S3Ctx, bucket_owner, canned_acl
 from node.s3.errors import S3Error
@@ -18,8 +19,8 @@ from node.s3.objects import (
     check_write_conditions,
     class_field,
     class_writes,
-    copy_source,
-    readable_record,
+    copied_bytes,
+    copy_source_record,
     storage_class,
     stored_headers,
     user_meta,
@@ -52,12 +53,18 @@ async def create_upload(ctx: S3Ctx) -> web.StreamResponse:
     cls = storage_class(ctx.headers)
     fields = {"headers": stored_headers(ctx.headers), "acl": canned_acl(ctx.headers),
               "owner": brec.get("owner", ""), **class_field(cls)}
+    checksum = sums.upload_checksum(ctx.headers)
     upload_id = await mp.create_upload(
         ctx.client, ctx.bucket, ctx.key, meta=user_meta(ctx.headers), fields=fields,
         content_type=ctx.headers.get("Content-Type", "binary/octet-stream"),
+        checksum={"algorithm": checksum.algorithm, "type": checksum.type} if checksum else None,
         **await class_writes(ctx.client, cls))
-    return xml_response(doc("InitiateMultipartUploadResult", el("Bucket", ctx.bucket),
+    resp = xml_response(doc("InitiateMultipartUploadResult", el("Bucket", ctx.bucket),
                             el("Key", ctx.key), el("UploadId", upload_id)))
+    if checksum is not None:
+        resp.headers.update({"x-amz-checksum-algorithm": checksum.header_value(),
+                             "x-amz-checksum-type": checksum.type})
+    return resp
 
 
 def _part_number(ctx: S3Ctx) -> int:
@@ -74,13 +81,15 @@ def _part_number(ctx: S3Ctx) -> int:
 async def upload_part(ctx: S3Ctx) -> web.StreamResponse:
     await ctx.owned_bucket()
     number = _part_number(ctx)
-    await _upload(ctx)
+    checksum = sums.of_upload(await _upload(ctx))
     if "x-amz-copy-source" in ctx.headers:
-        return await _upload_part_copy(ctx, number)
-    body = BodyReader(ctx.request.content, ctx.headers, ctx.auth, ctx.gw.config.max_object_bytes)
+        return await _upload_part_copy(ctx, number, checksum)
+    body = BodyReader(ctx.request.content, ctx.headers, ctx.auth, ctx.gw.config.max_object_bytes,
+                      compute=checksum.algorithm if checksum else None)
+    sums.check_part(checksum, body.plan.checksum_algorithm)
     try:
         part = await mp.put_part(ctx.client, ctx.bucket, ctx.query["uploadId"], number,
-                                 aiter(body), lambda: body.md5_hex)
+                                 aiter(body), lambda: body.md5_hex, lambda: body.checksums)
     except mp.NoSuchUpload:
         raise _no_such_upload() from None
     headers = {"ETag": f'"{part.etag}"'}
@@ -107,47 +116,68 @@ def copy_source_range(value: str | None, size: int) -> tuple[int, int] | None:
     return first, last + 1
 
 
-async def _upload_part_copy(ctx: S3Ctx, number: int) -> web.StreamResponse:
-    src_bucket, src_key = copy_source(ctx.headers["x-amz-copy-source"])
-    rec = await readable_record(S3Ctx(ctx.request, ctx.gw, src_bucket, src_key, ctx.user,
-                                      ctx.auth))
+async def _upload_part_copy(ctx: S3Ctx, number: int,
+                            checksum: sums.UploadChecksum | None) -> web.StreamResponse:
+    src, rec = await copy_source_record(ctx)   # x-amz-copy-source-if-*: as CopyObject's
     rng = copy_source_range(ctx.headers.get("x-amz-copy-source-range"), rec["size"])
     lo, hi = rng if rng is not None else (0, rec["size"])
-    stream = Md5Stream(ctx.client.get_stream(src_bucket, src_key, lo, hi - 1, record=rec)
-                       if hi > lo else _empty())
+    stream = Md5Stream(copied_bytes(src, rec, lo, hi), checksum.algorithm if checksum else None)
     part = await mp.put_part(ctx.client, ctx.bucket, ctx.query["uploadId"], number,
-                             aiter(stream), stream.md5_hex)
+                             aiter(stream), stream.md5_hex, stream.checksums)
     return xml_response(doc("CopyPartResult", el("LastModified", iso8601(part.ts)),
-                            el("ETag", f'"{part.etag}"')))
+                            el("ETag", f'"{part.etag}"'), *checksum_elements(stream.checksums())))
 
 
-async def _empty() -> AsyncIterator[bytes]:
-    return
-    yield b""
+def checksum_elements(checksums: Mapping[str, object]) -> list[str]:
+    """<ChecksumCRC32>...</ChecksumCRC32> and so on, in S3's order."""
+    return [el(f"Checksum{alg.upper()}", checksums[alg]) for alg in DIGEST_BYTES if alg in checksums]
+
+
+def complete_request(body: bytes) -> tuple[list[tuple[int, str]], dict[int, dict[str, str]]]:
+    """([(part number, ETag)], {part number: {algorithm: checksum}}) of a
+    CompleteMultipartUpload body; MalformedXML for a PartNumber that is no integer."""
+    root = parse(body, "CompleteMultipartUpload")
+    requested, claimed = [], {}
+    for p in root.findall("Part"):
+        try:
+            number = int(p.findtext("PartNumber") or "")
+        except ValueError:
+            raise S3Error("MalformedXML", "PartNumber must be an integer") from None
+        requested.append((number, p.findtext("ETag") or ""))
+        claimed[number] = {alg: (p.findtext(f"Checksum{alg.upper()}") or "").strip()
+                           for alg in DIGEST_BYTES if p.find(f"Checksum{alg.upper()}") is not None}
+    return requested, claimed
 
 
 async def complete_upload(ctx: S3Ctx) -> web.StreamResponse:
     await ctx.owned_bucket()
-    await _upload(ctx)
-    body = BodyReader(ctx.request.content, ctx.headers, ctx.auth, 4 * 1024 * 1024)
-    root = parse(await body.read_all(), "CompleteMultipartUpload")
-    requested = []
-    for p in root.findall("Part"):
-        try:
-            requested.append((int(p.findtext("PartNumber") or ""), p.findtext("ETag") or ""))
-        except ValueError:
-            raise S3Error("MalformedXML", "PartNumber must be an integer") from None
+    checksum = sums.of_upload(await _upload(ctx))
+    # x-amz-checksum-<algorithm> here is the object's checksum, not the XML body's
+    claimed = {CHECKSUM_HEADERS[h.lower()]: v.strip() for h, v in ctx.headers.items()
+               if h.lower() in CHECKSUM_HEADERS}
+    body_headers = {h: v for h, v in ctx.headers.items() if h.lower() not in CHECKSUM_HEADERS}
+    body = BodyReader(ctx.request.content, body_headers, ctx.auth, 4 * 1024 * 1024)
+    requested, part_claims = complete_request(await body.read_all())
     await check_write_conditions(ctx)   # If-None-Match: * / If-Match, as a PutObject's
+
+    def checksum_fields(chosen: list[dict[str, Any]]) -> dict[str, Any]:
+        return sums.object_checksum(
+            checksum, [sums.CompletedPart(n, p["size"], p.get("checksums") or {}, part_claims[n])
+                       for (n, _), p in zip(requested, chosen)],
+            claimed, ctx.headers.get("x-amz-checksum-type"))
     try:
-        record = await mp.complete(ctx.client, ctx.bucket, ctx.query["uploadId"], requested)
+        record = await mp.complete(ctx.client, ctx.bucket, ctx.query["uploadId"], requested,
+                                   checksum_fields)
     except mp.NoSuchUpload:
         raise _no_such_upload() from None
     except mp.PartError as exc:
         raise S3Error(exc.s3_code, exc.message) from None
     location = f"{ctx.request.scheme}://{ctx.request.host}/{ctx.bucket}/{quote(ctx.key)}"
+    kept = record.get("checksums") or {}
     return xml_response(doc("CompleteMultipartUploadResult", el("Location", location),
                             el("Bucket", ctx.bucket), el("Key", ctx.key),
-                            el("ETag", f'"{record["etag"]}"')))
+                            el("ETag", f'"{record["etag"]}"'), *checksum_elements(kept),
+                            *([el("ChecksumType", record["checksum_type"])] if kept else [])))
 
 
 async def abort_upload(ctx: S3Ctx) -> web.StreamResponse:
