@@ -12,6 +12,8 @@ import gc
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -30,6 +32,7 @@ from store.wire import pack, unpack
 from tests.cluster.conftest import wait_for
 from tests.cluster.tmpfs import MiB, fill, free_bytes, mount_tmpfs, unmount
 
+ROOT = Path(__file__).resolve().parents[2]
 DISK_MIB = 16
 SLACK_BYTES = 8192          # left free: RocksDB's own write is what finds the disk full
 PADDING_BYTES = 64 * 1024   # a record this large cannot fit in that slack
@@ -114,6 +117,16 @@ def _metrics(c: LocalCluster, node: str) -> dict[str, float]:
             if line.startswith("ecstore_control_")}
 
 
+def _ecstore_status(c: LocalCluster) -> tuple[int, dict[str, Any], str]:
+    """`ecstore status --json` and `ecstore status`: (exit code, JSON, table)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ECSTORE_CLUSTER": str(c.path),
+           "COLUMNS": "200"}
+    runs = [subprocess.run([sys.executable, "-m", "cli.main", "status", *args],
+                           capture_output=True, timeout=60, env=env) for args in (["--json"], [])]
+    assert runs[0].returncode == runs[1].returncode
+    return runs[0].returncode, json.loads(runs[0].stdout), runs[1].stdout.decode()
+
+
 def _free_space(c: LocalCluster, node: str) -> None:
     (Path(c.nodes[node].data) / "filler").unlink()
 
@@ -140,7 +153,7 @@ def test_one_full_control_node_refuses_writes_with_507_serves_reads_and_recovers
         for k, v in {**before, **during, "b0": b"overwritten"}.items():
             assert client.get("cfull", k) == v
 
-        # what an operator sees: writes refused, with why, disk free near 0
+        # what an operator sees: degraded, with why, disk free near 0, exit 3
         st = _status(c, "c1")
         assert st["writable"] is False and st["disk_free_bytes"] <= SLACK_BYTES
         assert st["disk_total_bytes"] == DISK_MIB * MiB
@@ -151,6 +164,14 @@ def test_one_full_control_node_refuses_writes_with_507_serves_reads_and_recovers
         assert m["ecstore_control_db_writable"] == 0
         assert m["ecstore_control_disk_total_bytes"] == DISK_MIB * MiB
         assert m["ecstore_control_disk_free_bytes"] <= SLACK_BYTES
+        code, js, table = _ecstore_status(c)
+        rows = {r["id"]: r for r in js["nodes"]}
+        assert code == 3
+        assert rows["c1"]["state"] == "degraded" and rows["c1"]["up"] is True
+        assert rows["c1"]["disk_free_bytes"] <= SLACK_BYTES
+        assert all(rows[n]["state"] == "up" for n in rows if n != "c1"), rows
+        assert rows["c3"]["disk_total_bytes"] > 0 and rows["c3"]["disk_free_bytes"] > 0
+        assert "degraded" in table and "c1 degraded: metadata database refuses writes" in table
 
         # space freed: writes come back on their own, the same process
         _free_space(c, "c1")
@@ -160,6 +181,8 @@ def test_one_full_control_node_refuses_writes_with_507_serves_reads_and_recovers
         st = _status(c, "c1")
         assert st["writable"] is True and st["problems"] == [] and st["db_error"] is None
         assert _metrics(c, "c1")["ecstore_control_db_reopens_total"] == 1
+        code, js, _ = _ecstore_status(c)
+        assert code == 0 and {r["state"] for r in js["nodes"]} == {"up"}
         # what it held is all there, and it takes the quorum's writes again
         for k in before:
             assert _call(c, "c1", "GET", f"/v1/objects/cfull/{k}")[0] == 200
