@@ -183,25 +183,32 @@ def with_client(fn: Callable[[Client, argparse.Namespace], Awaitable[int]],
     return run
 
 
+STATE_STYLES = {"up": "[green]up[/]", "degraded": "[yellow]degraded[/]", "down": "[red]down[/]"}
+
+
 async def cmd_status(c: Client, a: argparse.Namespace) -> int:
+    """Every node's state; exit 3 when one is down or degraded (a full disk, a database
+    that refuses writes), each problem named under the table."""
     rows = await c.node_status()
     cmap = await c.cluster_map()
-    down = 0 if all(r["up"] for r in rows) else 3
+    code = 0 if all(r["state"] == "up" for r in rows) else 3
     if a.json:
         print(json.dumps({"epoch": cmap.epoch, "nodes": rows}, indent=2))
-        return down
+        return code
     t = Table(title=f"ecstore cluster, map epoch {cmap.epoch}", box=None)
     for col in ("node", "role", "zone", "tier", "state", "fragments", "bytes", "disk free", "epoch"):
         t.add_column(col, no_wrap=True,
                      justify="right" if col in ("fragments", "bytes", "disk free") else "left")
     for r in rows:
-        t.add_row(r["id"], r["role"], r["zone"], r["tier"],
-                  "[green]up[/]" if r["up"] else "[red]down[/]",
+        t.add_row(r["id"], r["role"], r["zone"], r["tier"], STATE_STYLES[r["state"]],
                   str(r.get("fragments", "")) if r["role"] == "storage" else "",
                   human(r.get("bytes", r.get("db_bytes"))), human(r.get("disk_free_bytes")),
                   str(r.get("epoch", "")))
     out.print(t)
-    return down
+    for r in rows:
+        for problem in r.get("problems") or ():
+            out.print(f"{r['id']} degraded: {problem}", highlight=False, markup=False)
+    return code
 
 
 async def cmd_scrub(c: Client, a: argparse.Namespace) -> int:

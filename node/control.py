@@ -49,6 +49,8 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_SCAN_LIMIT = 10_000
 MAX_BATCH_ITEMS = 256          # records in one POST /v1/objects
 REQUIRED_FIELDS = {"ts": int, "version_id": str, "deleted": bool}
+DB_RECOVER_INTERVAL_S = 1.0    # how often a database that refuses writes is tried again
+RESERVE_ENV = "ECSTORE_CONTROL_RESERVE_MB"   # --reserve-mb's default, for containers
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,8 @@ class ControlConfig:
     port: int = 0
     fsync: bool = True
     observability: ObservabilityConfig = ObservabilityConfig()
+    reserve_bytes: int | None = None   # refuse writes below this much free; None: 1%, max 1 GiB
+    recover_interval_s: float = DB_RECOVER_INTERVAL_S
 
 
 DB = web.AppKey("db", MetaDB)
@@ -411,10 +415,20 @@ async def put_map(request: web.Request) -> web.Response:
 
 async def status(request: web.Request) -> web.Response:
     db, cfg = request.app[DB], request.app[CONFIG]
-    held = db.get_map()
+    held = db.get_map() if db.is_open else None
     epoch = ClusterMap.from_bytes(held).epoch if held else 0
     return web.json_response({"node_id": cfg.node_id, "role": "control", "epoch": epoch,
-                              "db_bytes": _dir_bytes(cfg.data_dir)})
+                              "db_bytes": _dir_bytes(cfg.data_dir), **db_health(db)})
+
+
+def db_health(db: MetaDB) -> dict[str, Any]:
+    """What status and health say of the database and its disk: disk_total_bytes,
+    disk_free_bytes, reserve_bytes, writable (False: writes refused now), db_error
+    (RocksDB's error while it refuses writes) and problems (why the node is degraded,
+    in an operator's words; empty while it is not)."""
+    problems = db.problems()
+    return {**db.disk(), "writable": not problems and db.is_open, "db_error": db.failed,
+            "problems": problems}
 
 
 def _dir_bytes(path: Path) -> int:
@@ -422,8 +436,11 @@ def _dir_bytes(path: Path) -> int:
 
 
 async def health(request: web.Request) -> web.Response:
+    """Alive and answering (200, "ok") - also while its disk is full: a restart would not
+    free it; `writable` and `problems` say so."""
     return web.json_response({"node_id": request.app[CONFIG].node_id, "role": "control",
-                              "ok": True, "time": time.time(), "pid": os.getpid()})
+                              "ok": True, "time": time.time(), "pid": os.getpid(),
+                              **db_health(request.app[DB])})
 
 
 class MapEpoch:
@@ -560,6 +577,9 @@ def control_metrics(app: web.Application, epoch: MapEpoch) -> Families:
     db = app.get(DB)
     if db is None:  # not open yet
         return
+    yield from disk_metrics(db)
+    if not db.is_open:  # reopening after a failed write
+        return
     yield gauge("ecstore_map_epoch", "Epoch of the cluster map this node holds (0: none).",
                 epoch.of(db.get_map()))
     yield gauge("ecstore_control_db_bytes", "Bytes of this node's metadata database files.",
@@ -592,6 +612,33 @@ def control_metrics(app: web.Application, epoch: MapEpoch) -> Families:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 fam.add_metric([op], value)
         yield fam
+
+
+def disk_metrics(db: MetaDB) -> Families:
+    """The database's disk and whether it takes writes."""
+    disk = db.disk()
+    yield gauge("ecstore_control_disk_free_bytes", "Free bytes on the metadata database's "
+                "disk (for unprivileged users).", disk["disk_free_bytes"])
+    yield gauge("ecstore_control_disk_total_bytes", "Size of the metadata database's disk.",
+                disk["disk_total_bytes"])
+    yield gauge("ecstore_control_reserve_bytes", "Free space kept: a write while less is "
+                "free is refused with 507.", db.reserve_bytes)
+    yield gauge("ecstore_control_db_writable", "1 while the node takes metadata writes; 0 "
+                "while its disk is under the reserve or RocksDB refuses them after a failed "
+                "write (until it is reopened).", int(db.is_open and not db.problems()))
+    yield counter("ecstore_control_db_reopens", "Times the database was reopened in the "
+                  "process after RocksDB refused writes (a full disk freed).", db.reopens)
+
+
+async def recover_loop(commit: GroupCommit, interval_s: float) -> None:
+    """Every interval, reopen the database if RocksDB refuses writes and the disk takes
+    them again (GroupCommit.recover): a full disk freed needs no restart."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await commit.recover()
+        except Exception:  # a bug: logged, tried again next interval
+            logging.getLogger("ecstore.control").exception("database recovery check failed")
 
 
 def _fill_failed(task: asyncio.Future[int]) -> None:
@@ -645,13 +692,15 @@ def make_app(config: ControlConfig) -> web.Application:
     app[OBSERVER].add_collector(lambda: control_metrics(app, epoch))
 
     async def open_db(app: web.Application) -> AsyncIterator[None]:
-        app[DB] = MetaDB(config.data_dir / "db", config.fsync)
+        app[DB] = MetaDB(config.data_dir / "db", config.fsync, config.reserve_bytes)
         app[COMMIT] = GroupCommit(app[DB])
         filling = asyncio.ensure_future(fill_summaries(app[DB], app[COMMIT]))
         filling.add_done_callback(_fill_failed)
+        recovering = asyncio.ensure_future(recover_loop(app[COMMIT], config.recover_interval_s))
         yield
         filling.cancel()
-        await asyncio.gather(filling, return_exceptions=True)
+        recovering.cancel()
+        await asyncio.gather(filling, recovering, return_exceptions=True)
         await app[COMMIT].drained()
         app[DB].close()
 
@@ -680,11 +729,28 @@ def make_app(config: ControlConfig) -> web.Application:
 
 def main(argv: list[str] | None = None) -> None:
     p = node_arg_parser("control")
+    p.add_argument("--reserve-mb", type=float, default=_env_reserve_mb(),
+                   help="free space kept on the disk: metadata writes while less is free are "
+                   f"refused with 507 (default ${RESERVE_ENV}, else 1%% of the disk, at most "
+                   "1024)")
     a = p.parse_args(argv)
+    if a.reserve_mb is not None and a.reserve_mb < 0:
+        p.error("--reserve-mb must not be negative")
     cfg = ControlConfig(a.id, a.data, secret_from_env(), a.host, a.port, not a.no_fsync,
-                        observability_config(a))
+                        observability_config(a),
+                        None if a.reserve_mb is None else int(a.reserve_mb * 2**20))
     app = make_app(cfg)
     run(app, cfg.host, cfg.port, front=app[FAST] if fast_path_enabled() else None)
+
+
+def _env_reserve_mb() -> float | None:
+    text = os.environ.get(RESERVE_ENV, "")
+    if not text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise SystemExit(f"{RESERVE_ENV} must be a number of MiB, got {text!r}") from None
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from node import zerocopy
+from node.disk import default_reserve_bytes, disk_space
 from node.volumes import (
     FRAGMENT_ID_RE,
     MAX_HEADER_BYTES,
@@ -79,8 +80,6 @@ log = logging.getLogger("ecstore.fragments")
 
 CACHED_HEAD_BYTES = 1024         # read first for a cached body: most headers are ~200 bytes
 QUARANTINE_SEPARATOR = "~"  # never in a fragment id: `{fid}~{ns}` for a second copy
-DEFAULT_RESERVE_FRACTION = 0.01            # refuse fragments that would leave less free
-DEFAULT_RESERVE_MAX_BYTES = 1024 ** 3      # ... but never reserve more than 1 GiB
 DEFAULT_VOLUME_BYTES = 1024 ** 3           # a volume takes no new records past this size
 COMPACT_LIVE_FRACTION = 0.5                # compact a full volume once less is live
 MIGRATE_BATCH_BYTES = 256 * 1024 ** 2      # old fragment files moved per sync
@@ -136,14 +135,12 @@ class FragmentStore:
         self.fsync = fsync
         self.volume_bytes = volume_bytes
         self.data_dir.mkdir(parents=True, exist_ok=True)   # as a control node makes its own
-        st = os.statvfs(self.data_dir)
-        disk_total = st.f_blocks * st.f_frsize
-        if reserve_bytes is None:
-            reserve_bytes = min(DEFAULT_RESERVE_MAX_BYTES, int(disk_total * DEFAULT_RESERVE_FRACTION))
-        self.reserve_bytes = reserve_bytes
+        self.reserve_bytes = (default_reserve_bytes(self.data_dir) if reserve_bytes is None
+                              else reserve_bytes)
         # the volume still appended to is compacted once it holds this much: a quarter
         # volume, or an eighth of a disk too small for that (it would never compact)
-        self.compact_active_bytes = min(volume_bytes // 4, disk_total // 8)
+        self.compact_active_bytes = min(volume_bytes // 4,
+                                        disk_space(self.data_dir)["disk_total_bytes"] // 8)
         for d in (self.vdir, self.quarantine):
             d.mkdir(parents=True, exist_ok=True)
         # guards the index, the volumes and the counts; file I/O happens outside it

@@ -16,10 +16,22 @@ Writes go through a GroupCommit: the mutations that arrive while one synced writ
 on disk are decided in order and written together as one batch with one sync, in a
 thread, so the event loop never waits for the disk and N concurrent writes cost one
 WAL sync, not N.
+
+A full disk: a write that would find less than the reserve free is refused with 507
+(InsufficientStorage) before RocksDB sees it. One that RocksDB still fails (the disk
+filled by something else, an I/O error) leaves RocksDB refusing every later write - its
+background error is sticky, and this rocksdict (0.3) has no DB::Resume() - while reads
+go on; the node answers writes 507 (ENOSPC) or 503 meanwhile, and GroupCommit.recover()
+reopens the database in the process once the disk takes writes again.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
+import logging
+import os
+import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -27,10 +39,13 @@ from typing import Any, Generic, TypeVar
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
+from node.disk import default_reserve_bytes, disk_full_problem, disk_space
 from store import listing
-from store.errors import EcstoreError
+from store.errors import EcstoreError, InsufficientStorage, Unavailable
 from store.listing import DELETED
 from store.wire import pack, unpack
+
+log = logging.getLogger("ecstore.metadb")
 
 MAP_KEY = b"m"
 SUMMARIES_KEY = b"s"   # every object record has its listing summary (see the key layout)
@@ -105,33 +120,141 @@ def order(record: dict[str, Any]) -> tuple[int, str]:
 
 class MetaDB:
     """Blocking RocksDB access; every call is short (one key or one page). Reads from
-    anywhere; writes only through `write` (a GroupCommit's batches)."""
+    anywhere; writes only through `write` (a GroupCommit's batches).
 
-    def __init__(self, path: Path, sync: bool = True) -> None:
+    `reserve_bytes`: free space kept on the disk (None: 1%, at most 1 GiB); a write
+    while less is free is refused with 507. `failed`: why RocksDB stopped taking writes
+    (None while it takes them) - until `reopen`."""
+
+    def __init__(self, path: Path, sync: bool = True, reserve_bytes: int | None = None) -> None:
         path.mkdir(parents=True, exist_ok=True)
-        self.db = Rdict(str(path), Options(raw_mode=True))
+        self.path = path
+        self.reserve_bytes = default_reserve_bytes(path) if reserve_bytes is None else reserve_bytes
+        self._rdict: Rdict | None = self._open()
+        self.failed: str | None = None
+        self.failed_at = 0.0          # when (unix s)
+        self.reopens = 0              # times reopen() brought writes back
         self.write_opts = WriteOptions()
         self.write_opts.sync = sync
         self.lazy_opts = WriteOptions()   # advisory data (read counts): no fsync
         self.lazy_opts.sync = False
         self.listed = {"summary": 0, "record": 0}   # listed rows, by what they were read from
 
+    def _open(self) -> Rdict:
+        return Rdict(str(self.path), Options(raw_mode=True))
+
+    @property
+    def db(self) -> Rdict:
+        """The open RocksDB; Unavailable (503: ask another replica) while it is being
+        reopened, or stays closed because reopening failed."""
+        rdict = self._rdict
+        if rdict is None:
+            raise Unavailable("the metadata database is closed while it reopens after a "
+                              f"failed write ({self.failed or 'no error'})")
+        return rdict
+
+    @property
+    def is_open(self) -> bool:
+        return self._rdict is not None
+
     def close(self) -> None:
-        self.db.close()
+        rdict, self._rdict = self._rdict, None
+        if rdict is not None:
+            _close_quietly(rdict)
+
+    def disk(self) -> dict[str, int]:
+        """{"disk_total_bytes", "disk_free_bytes", "reserve_bytes"} of the database's disk."""
+        return {**disk_space(self.path), "reserve_bytes": self.reserve_bytes}
+
+    def problems(self) -> list[str]:
+        """Why this database refuses writes now (empty while it takes them): the words of
+        the node's status."""
+        out = []
+        if self.failed is not None:
+            out.append(f"metadata database refuses writes since {_iso(self.failed_at)}: "
+                       f"{self.failed} (it reopens once the disk takes writes again)")
+        full = disk_full_problem(disk_space(self.path)["disk_free_bytes"], self.reserve_bytes)
+        if full is not None:
+            out.append(full)
+        return out
+
+    def refusal(self) -> EcstoreError:
+        """The error a write gets while RocksDB refuses writes: 507 when the disk filled."""
+        assert self.failed is not None
+        if _no_space(self.failed):
+            return InsufficientStorage(f"disk full: the metadata database stopped taking "
+                                       f"writes ({self.failed}); it takes them again once "
+                                       "space is freed")
+        return Unavailable(f"the metadata database stopped taking writes ({self.failed})")
+
+    def reopen(self, rdict: Rdict | None) -> None:
+        """Close `rdict` (the database, already detached from readers: see
+        GroupCommit.recover) and open the database again, which clears RocksDB's
+        background error; raises what opening raised (the database stays closed)."""
+        if rdict is not None:
+            _close_quietly(rdict)   # with the error still set, its final flush fails
+        self._rdict = self._open()
+        log.warning("metadata database reopened: it takes writes again (it had refused "
+                    "them since %s: %s)", _iso(self.failed_at), self.failed)
+        self.failed = None
+        self.reopens += 1
+
+    def detach(self) -> Rdict | None:
+        """Take the database from readers (they get Unavailable until reopen); on the
+        event loop, where they run, so none is half-way through it."""
+        rdict, self._rdict = self._rdict, None
+        return rdict
+
+    def disk_takes_writes(self) -> bool:
+        """Whether the disk has room past the reserve and a probe file of
+        REOPEN_PROBE_BYTES can be written and synced there (a remount read-only, an
+        I/O error, a quota: the probe fails)."""
+        if disk_space(self.path)["disk_free_bytes"] < self.reserve_bytes + REOPEN_PROBE_BYTES:
+            return False
+        probe = self.path.parent / ".ecstore-write-probe"
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, b"\0" * REOPEN_PROBE_BYTES)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            return True
+        except OSError:
+            return False
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(probe)
 
     def get(self, k: bytes) -> dict[str, Any] | None:
         raw = self.db.get(k)
         return None if raw is None else unpack(raw)
 
     def write(self, writes: dict[bytes, bytes | None], sync: bool) -> None:
-        """Puts (bytes) and deletes (None) as one atomic write."""
+        """Puts (bytes) and deletes (None) as one atomic write. InsufficientStorage
+        (507) when less than the reserve is free, or RocksDB failed with ENOSPC (then
+        every write until reopen() fails so: its error is sticky); Unavailable for
+        another failure of RocksDB."""
+        if self.failed is not None:
+            raise self.refusal()
+        full = disk_full_problem(disk_space(self.path)["disk_free_bytes"], self.reserve_bytes)
+        if full is not None:
+            raise InsufficientStorage(full)
         wb = WriteBatch(raw_mode=True)
         for k, v in writes.items():
             if v is None:
                 wb.delete(k)
             else:
                 wb.put(k, v)
-        self.db.write(wb, self.write_opts if sync else self.lazy_opts)
+        try:
+            self.db.write(wb, self.write_opts if sync else self.lazy_opts)
+        except EcstoreError:
+            raise
+        except Exception as exc:   # rocksdict raises Exception with RocksDB's status text
+            self.failed, self.failed_at = str(exc) or type(exc).__name__, time.time()
+            log.error("metadata database write failed, it refuses writes until it is "
+                      "reopened: %s", self.failed)
+            raise self.refusal() from None
 
     def scan(self, prefix: bytes, after: bytes, limit: int) -> tuple[list[tuple[bytes, dict[str, Any]]], bool]:
         """Records whose key starts with prefix and sorts after `after`, sorted."""
@@ -217,6 +340,25 @@ class MetaDB:
     def get_map(self) -> bytes | None:
         return self.db.get(MAP_KEY)
 
+
+
+REOPEN_PROBE_BYTES = 1024 * 1024   # written and synced before a reopen: the disk takes writes
+
+
+def _no_space(message: str) -> bool:
+    """Whether RocksDB's error text says the disk is full (its Status::NoSpace, ENOSPC)."""
+    return "No space left on device" in message or os.strerror(errno.ENOSPC) in message
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def _close_quietly(rdict: Rdict) -> None:
+    try:
+        rdict.close()     # drops the database even when its final flush fails
+    except Exception as exc:  # noqa: BLE001 - a flush refused by a failed database
+        log.warning("metadata database closed with an error: %s", exc)
 
 
 class View:
@@ -307,6 +449,7 @@ class GroupCommit:
         self.db = db
         self._queue: list[_Pending[Any]] = []
         self._running = False
+        self._db_lock = asyncio.Lock()   # a batch on its way, or a reopen: one at a time
         self.batches = 0
         self.mutations = 0
 
@@ -353,7 +496,8 @@ class GroupCommit:
             while self._queue:
                 batch, self._queue = self._queue, []
                 try:
-                    outcomes = await loop.run_in_executor(None, self._commit, batch)
+                    async with self._db_lock:
+                        outcomes = await loop.run_in_executor(None, self._commit, batch)
                 except BaseException as exc:  # the write itself failed: nobody's is known
                     for p in batch:
                         if not p.fut.done():
@@ -371,6 +515,27 @@ class GroupCommit:
                         p.fut.set_exception(value)
         finally:
             self._running = False
+
+    async def recover(self) -> bool:
+        """Reopen the database if RocksDB refuses writes (MetaDB.failed) and the disk
+        takes writes again; True if it did. No batch is on its way meanwhile (the writes
+        that arrive wait, then go to the reopened database); reads get Unavailable for
+        the few milliseconds it takes (the client reads another replica). A reopen that
+        fails leaves the database closed - reads 503 too - until a later call succeeds."""
+        db = self.db
+        if db.failed is None and db.is_open:
+            return False
+        loop = asyncio.get_running_loop()
+        async with self._db_lock:
+            if not await loop.run_in_executor(None, db.disk_takes_writes):
+                return False
+            try:
+                await loop.run_in_executor(None, db.reopen, db.detach())
+            except Exception as exc:  # noqa: BLE001 - RocksDB's; tried again later
+                log.error("reopening the metadata database failed (reads and writes "
+                          "refused until it opens): %s", exc)
+                return False
+        return True
 
     def _commit(self, batch: list[_Pending[Any]]) -> list[tuple[bool, Any]]:
         """In a thread: decide every mutation in order, then one write for all."""

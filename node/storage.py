@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 from aiohttp import web
 
 from node import zerocopy
+from node.disk import disk_full_problem
 from node.fastpath import FastPath, FragmentRoutes, send_cached_body
 from node.fastpath import enabled_from_env as fast_path_enabled
 from node.fragments import (
@@ -335,8 +336,11 @@ async def list_fragments(request: web.Request) -> web.Response:
 async def status(request: web.Request) -> web.Response:
     store, cfg = request.app[STORE], request.app[CONFIG]
     disk = await _in_thread(store.disk)
+    full = disk_full_problem(disk["disk_free_bytes"], store.reserve_bytes)
     return web.json_response({"node_id": cfg.node_id, "role": "storage",
                               "fragments": store.count, "bytes": store.bytes, **disk,
+                              "reserve_bytes": store.reserve_bytes,
+                              "problems": [] if full is None else [full],
                               "quarantined": store.quarantined,
                               "scrub": {**request.app[SCRUB_STATS].to_json(),
                                         "rate_mb_s": cfg.scrub_rate_mb_s}})

@@ -60,6 +60,7 @@ OTHER_BUCKETS = "(other buckets)"
 OPS = WORKER_OPS   # the progress records of the CLI's workers, in OPS_BUCKET, key = the worker
 MAX_OP_FIELDS = 24
 MAX_ERRORS = 20
+MAX_PROBLEMS = 8               # of one node's (a full disk, a database refusing writes)
 MAX_TEXT_CHARS = 300           # of an error message or an operation's field
 ERROR_LOGGER = "ecstore"       # warnings and errors of every ecstore.* logger
 ACCESS_LOGGER = "ecstore.request"   # node.server's line per request (a 5xx: a warning)
@@ -70,7 +71,8 @@ ADMIN_USER = DEFAULT_OWNER     # the page shows every bucket: only the admin use
 _TOKEN = re.compile(r"v1\.([A-Za-z0-9]{1,128})\.([0-9]{1,12})\.([0-9a-f]{64})")
 _PRESIGN_PARAMS = frozenset({"X-Amz-Signature", "X-Amz-Credential", "X-Amz-Algorithm", "Signature"})
 _NODE_FIELDS = ("id", "role", "zone", "tier", "url", "up", "error", "fragments", "bytes",
-                "quarantined", "disk_total_bytes", "disk_free_bytes", "db_bytes", "epoch")
+                "quarantined", "disk_total_bytes", "disk_free_bytes", "db_bytes", "epoch",
+                "state", "problems")
 _OP_RECORD_FIELDS = frozenset({"ts", "version_id", "deleted", "op", "updated"})
 
 S3Authenticate = Callable[[web.Request, Gateway], Awaitable[tuple[str | None, AuthResult | None]]]
@@ -130,6 +132,8 @@ def node_row(status: Mapping[str, Any], shares: Mapping[tuple[str, str], float])
     """One node of Client.node_status() as the page shows it, with its ring share."""
     row = {f: status.get(f) for f in _NODE_FIELDS}
     row["up"] = bool(status.get("up"))
+    row["problems"] = [str(p)[:MAX_TEXT_CHARS] for p in row["problems"] or ()][:MAX_PROBLEMS]
+    row["state"] = "down" if not row["up"] else "degraded" if row["problems"] else "up"
     if row["role"] != "storage":   # tiers are storage rings'; a control node's is meaningless
         row["tier"] = None
     share = shares.get((str(status.get("role")), str(status.get("id"))))
@@ -463,7 +467,7 @@ def setup(app: web.Application, gateway_key: web.AppKey[Gateway], s3_auth: S3Aut
 
 # ---- the page ------------------------------------------------------------------------------
 STYLE = """
-:root{--up:#1a7f37;--down:#cf222e;--line:#d0d7de;--muted:#57606a;--bg:#f6f8fa;
+:root{--up:#1a7f37;--down:#cf222e;--degraded:#9a6700;--line:#d0d7de;--muted:#57606a;--bg:#f6f8fa;
   --ours:#0969da;--other:#8c959f;--free:#eaeef2}
 *{box-sizing:border-box}
 body{margin:0;color:#1f2328;background:#fff;
@@ -484,6 +488,8 @@ tr.down td{background:#ffebe9}
   border-radius:10px;color:#fff;font-weight:600;font-size:12px}
 .state.up,.pill.ok{background:var(--up)}
 .state.down,.pill.bad{background:var(--down)}
+.state.degraded,.pill.warn{background:var(--degraded)}
+tr.degraded td{background:#fff8c5}
 .pill{padding:2px 10px;border-radius:10px;font-weight:600;font-size:13px}
 .bar{display:flex;width:180px;height:12px;background:var(--free);border-radius:3px;
   overflow:hidden;border:1px solid var(--line)}
@@ -569,7 +575,7 @@ function empty(text, columns) {
 function capacity(n) {
   if (n.disk_total_bytes) {
     const total = n.disk_total_bytes, free = n.disk_free_bytes, used = total - free;
-    const ours = Math.min(n.bytes || 0, used);
+    const ours = Math.min(n.bytes || n.db_bytes || 0, used);
     const title = bytes(ours) + " ecstore data, " + bytes(used - ours) + " other, " + bytes(free) + " free";
     return cell(bar([[ours / total, "ours"], [(used - ours) / total, "other"]], title),
                 el("small", null, bytes(used) + " used \\u00b7 " + bytes(free) + " free"));
@@ -579,25 +585,26 @@ function capacity(n) {
 }
 function renderNodes(nodes) {
   const up = nodes.filter((n) => n.up).length;
+  const degraded = nodes.filter((n) => n.state === "degraded").length;
   const pill = $("summary");
-  pill.textContent = up + " of " + nodes.length + " nodes up";
-  pill.className = "pill " + (up === nodes.length ? "ok" : "bad");
+  pill.textContent = up + " of " + nodes.length + " nodes up" + (degraded ? ", " + degraded + " degraded" : "");
+  pill.className = "pill " + (up < nodes.length ? "bad" : degraded ? "warn" : "ok");
   const widest = {};   // the bar of a ring's largest share is full
   for (const n of nodes) widest[n.role] = Math.max(widest[n.role] || 0, n.ring_share || 0);
   $("nodes").tBodies[0].replaceChildren(...nodes.map((n) => {
-    const state = n.up ? "up" : "down";
+    const state = n.state || (n.up ? "up" : "down");
     const share = n.ring_share === null ? "" : cell(
       bar([[n.ring_share / widest[n.role], "share"]], "share of its ring's placements"),
       el("small", null, pct(n.ring_share)));
     const note = !n.up ? (n.error || "not answering")
-      : n.quarantined ? n.quarantined + " quarantined fragment(s)" : "";
+      : [...(n.problems || []), ...(n.quarantined ? [n.quarantined + " quarantined fragment(s)"] : [])].join("; ");
     const tr = row([n.id, n.role, n.zone, n.tier, el("span", "state " + state, state), capacity(n),
                     count(n.fragments), share, note], [6]);
     tr.lastChild.className = "note";
     tr.dataset.node = n.id;
     tr.dataset.role = n.role;
     tr.dataset.state = state;
-    if (!n.up) tr.classList.add("down");
+    if (state !== "up") tr.classList.add(state);
     return tr;
   }));
 }

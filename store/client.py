@@ -1112,7 +1112,9 @@ class Client(LoopBound):
     @operation
     async def node_status(self, timeout_s: float = 3.0) -> builtins.list[dict[str, Any]]:
         """Every node of the map (and of cluster.json) with its status, or 'down' when it
-        does not answer within `timeout_s` (a stalled node answers never)."""
+        does not answer within `timeout_s` (a stalled node answers never). Each row's
+        "state": "up", "degraded" (it answers, but names problems: a full disk, a
+        database that refuses writes) or "down"."""
         cmap = await self.cluster_map()
         nodes = list(cmap.control.nodes) + list(cmap.all_storage_nodes())
 
@@ -1123,8 +1125,10 @@ class Client(LoopBound):
                 reply = await self.t.request("GET", node.address, "/v1/status",
                                              timeout_s=timeout_s)
             except EcstoreError as exc:
-                return {**base, "up": False, "error": exc.message}
-            return {**base, "up": True, **json.loads(reply.body)}
+                return {**base, "up": False, "state": "down", "error": exc.message}
+            answer = json.loads(reply.body)
+            return {**base, "up": True,
+                    "state": "degraded" if answer.get("problems") else "up", **answer}
 
         roles = ["control"] * len(cmap.control.nodes) + ["storage"] * (len(nodes) - len(cmap.control.nodes))
         rows: builtins.list[dict[str, Any]] = list(await asyncio.gather(*(one(n, r) for n, r in zip(nodes, roles))))
@@ -1138,8 +1142,8 @@ class Client(LoopBound):
         try:
             reply = await self.t.request("GET", url, "/_ecstore/health", timeout_s=3.0)
         except EcstoreError as exc:
-            return {**row, "up": False, "error": exc.message}
-        return {**row, "up": True, **json.loads(reply.body)}
+            return {**row, "up": False, "state": "down", "error": exc.message}
+        return {**row, "up": True, "state": "up", **json.loads(reply.body)}
 
 
 class _CountedQuorum(MetaQuorum):

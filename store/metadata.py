@@ -149,7 +149,7 @@ class MetaQuorum:
                 await self._batched("put", node, [*object_name, body], alone)
 
         tasks = [asyncio.ensure_future(one(n)) for n in nodes]
-        return await self._quorum(tasks, needed, "write", path)
+        return await self._quorum(tasks, needed, "write", path, nodes)
 
     async def _batched(self, kind: str, node: Node, item: list[Any],
                        alone: Callable[[], Awaitable[Any]]) -> Any:
@@ -271,7 +271,7 @@ class MetaQuorum:
                 answers[node.id] = await self._batched("get", node, [*object_name], alone)
 
         tasks = [asyncio.ensure_future(one(n)) for n in nodes]
-        await self._quorum(tasks, needed, "read", path)
+        await self._quorum(tasks, needed, "read", path, nodes)
         best = newest(list(answers.values()))
         late = [t for t in tasks if not t.done()]
         if best is None and late:
@@ -293,8 +293,10 @@ class MetaQuorum:
             await self.write(stale, path, best, 0)
 
     async def _quorum(self, tasks: Sequence[asyncio.Future[None]], needed: int,
-                      what: str, path: str) -> int:
-        """Wait until `needed` tasks succeeded; the others go on in the background."""
+                      what: str, path: str, nodes: Sequence[Node]) -> int:
+        """Wait until `needed` tasks succeeded (one per node, in order); the others go on
+        in the background. Unavailable names each node that failed and its reason (a
+        control node whose disk is full: its 507's)."""
         ok, failures = 0, []
         pending = set(tasks)
         try:
@@ -305,14 +307,15 @@ class MetaQuorum:
                     if exc is None:
                         ok += 1
                     else:
-                        failures.append(str(exc))
+                        failures.append(f"{nodes[tasks.index(task)].id}: {exc}")
         finally:
             for task in pending:  # let stragglers finish in the background
                 self.background.add(task)
                 task.add_done_callback(self._forget)
         if ok < needed:
             raise Unavailable(f"metadata {what} of {path}: {ok} of {len(tasks)} control "
-                              f"nodes answered, {needed} needed",
+                              f"nodes answered, {needed} needed"
+                              + (f" ({'; '.join(failures[:3])})" if failures else ""),
                               tried=len(tasks), failed=len(failures), errors=failures[:3])
         return ok
 

@@ -9,7 +9,6 @@ import hashlib
 import logging
 import os
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,21 +20,10 @@ from node.fragments import FragmentStore
 from store.client import SyncClient, expected_fragment_nodes
 from store.errors import InsufficientStorage
 from store.striping import fragment_id
+from tests.cluster.tmpfs import mount_tmpfs, unmount
 
 MiB = 1024 * 1024
 DISK_MIB = 20
-
-
-def _mount_tmpfs(path: Path, size_mib: int) -> str | None:
-    """Mount a tmpfs of size_mib at path; the reason it could not, or None."""
-    if os.geteuid() != 0:
-        return "mounting a small filesystem needs root (CI runs as root)"
-    path.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs", str(path)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        return f"mount -t tmpfs failed here: {r.stderr.strip()}"
-    return None
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +31,7 @@ def small_disk() -> Iterator[LocalCluster]:
     tmp = Path(tempfile.mkdtemp(prefix="ecstore-full-"))
     c = LocalCluster.create(tmp, storage=7, control=3, k=4, m=2, gateway=False)
     disk = Path(c.nodes["s1"].data)
-    why = _mount_tmpfs(disk, DISK_MIB)
+    why = mount_tmpfs(disk, DISK_MIB)
     if why is not None:
         shutil.rmtree(tmp, ignore_errors=True)
         pytest.skip(why)
@@ -53,7 +41,7 @@ def small_disk() -> Iterator[LocalCluster]:
     finally:
         c.stop()
         gc.collect()    # a FragmentStore a failed test left open holds its volume files
-        subprocess.run(["umount", "--lazy", str(disk)], check=False)
+        unmount(disk)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -163,7 +151,7 @@ def test_enospc_mid_write_leaves_no_half_fragment(tmp_path: Path) -> None:
     fits again once one is deleted and its space compacted away. Volumes of 1 MiB: each
     fragment gets one of its own, which compaction can delete."""
     disk = tmp_path / "disk"
-    why = _mount_tmpfs(disk, 4)
+    why = mount_tmpfs(disk, 4)
     if why is not None:
         pytest.skip(why)
     store: FragmentStore | None = None
@@ -195,7 +183,7 @@ def test_enospc_mid_write_leaves_no_half_fragment(tmp_path: Path) -> None:
     finally:
         store = None    # its volume files closed, so the disk can be unmounted
         gc.collect()
-        subprocess.run(["umount", "--lazy", str(disk)], check=False)
+        unmount(disk)
 
 
 def test_a_disk_smaller_than_a_quarter_volume_gets_deleted_space_back(tmp_path: Path) -> None:
@@ -203,7 +191,7 @@ def test_a_disk_smaller_than_a_quarter_volume_gets_deleted_space_back(tmp_path: 
     volume (256 MiB by default): on a smaller disk deletions never freed space and the
     node stayed full for good. Now an eighth of the disk is enough."""
     disk = tmp_path / "disk"
-    why = _mount_tmpfs(disk, 8)
+    why = mount_tmpfs(disk, 8)
     if why is not None:
         pytest.skip(why)
     store: FragmentStore | None = None
@@ -225,4 +213,4 @@ def test_a_disk_smaller_than_a_quarter_volume_gets_deleted_space_back(tmp_path: 
     finally:
         store = None    # its volume files closed, so the disk can be unmounted
         gc.collect()
-        subprocess.run(["umount", "--lazy", str(disk)], check=False)
+        unmount(disk)

@@ -217,6 +217,10 @@ def test_status_json_has_nodes_ring_usage_ops_errors(s3_cluster: LocalCluster, g
     storage = [n for n in nodes.values() if n["role"] == "storage"]
     for n in storage:
         assert 0 < n["disk_free_bytes"] <= n["disk_total_bytes"] and n["fragments"] >= 0
+    for n in nodes.values():   # control nodes report their disk too, and a state
+        if n["role"] != "gateway":
+            assert 0 < n["disk_free_bytes"] <= n["disk_total_bytes"], n
+        assert n["state"] == "up" and n["problems"] == [], n
     for role in ("storage", "control"):
         shares = [n["ring_share"] for n in nodes.values() if n["role"] == role]
         assert abs(sum(shares) - 1.0) < 0.01 and min(shares) > 0

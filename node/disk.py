@@ -1,0 +1,34 @@
+"""A node's data disk: its free and total space, and the free space a node keeps in
+reserve - writes that would leave less are refused with 507 (storage and control nodes
+alike), so the disk never fills to the last byte under a node's own writes."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DEFAULT_RESERVE_FRACTION = 0.01            # refuse writes that would leave less free
+DEFAULT_RESERVE_MAX_BYTES = 1024 ** 3      # ... but never reserve more than 1 GiB
+
+
+def disk_space(path: Path | str) -> dict[str, int]:
+    """{"disk_total_bytes", "disk_free_bytes"} of the filesystem holding `path` (free:
+    what an unprivileged user may still write)."""
+    st = os.statvfs(path)
+    return {"disk_total_bytes": st.f_blocks * st.f_frsize,
+            "disk_free_bytes": st.f_bavail * st.f_frsize}
+
+
+def default_reserve_bytes(path: Path | str) -> int:
+    """The reserve a node keeps on the disk holding `path` when none is configured: 1% of
+    the disk, at most 1 GiB."""
+    return min(DEFAULT_RESERVE_MAX_BYTES,
+               int(disk_space(path)["disk_total_bytes"] * DEFAULT_RESERVE_FRACTION))
+
+
+def disk_full_problem(free_bytes: int, reserve_bytes: int, writing_bytes: int = 0) -> str | None:
+    """What an operator reads when a write of `writing_bytes` would leave less than the
+    reserve free (None while it fits): the words of a node's 507 and of its status."""
+    if free_bytes - writing_bytes >= reserve_bytes and free_bytes > 0:
+        return None
+    return (f"disk full: {free_bytes} bytes free, {reserve_bytes} kept in reserve "
+            "(writes refused with 507 until space is freed)")

@@ -1,0 +1,285 @@
+"""A control node whose disk fills up: it refuses metadata writes with 507 and a JSON
+error body (as a full storage node refuses fragments), keeps answering reads, says so in
+its status, health, metrics and `ecstore status` (degraded, exit 3), and takes writes
+again once space is freed - without a restart, although RocksDB's error after a failed
+write is sticky. The client's quorum writes go on with one of three control nodes full
+and fail clearly, acknowledging nothing, with two. The full disks are real small
+filesystems (tmpfs with a size limit) mounted on the control nodes' data directories."""
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cli.localcluster import LocalCluster, signed_request
+from node.metadb import GroupCommit, MetaDB
+from store.client import SyncClient
+from store.errors import InsufficientStorage, NotFound, Unavailable
+from store.wire import pack, unpack
+from tests.cluster.conftest import wait_for
+from tests.cluster.tmpfs import MiB, fill, free_bytes, mount_tmpfs, unmount
+
+ROOT = Path(__file__).resolve().parents[2]
+DISK_MIB = 16
+SLACK_BYTES = 8192          # left free: RocksDB's own write is what finds the disk full
+PADDING_BYTES = 64 * 1024   # a record this large cannot fit in that slack
+FULL = ("c1", "c2")         # the control nodes on small disks
+
+
+@pytest.fixture(scope="module")
+def small_disks() -> Iterator[LocalCluster]:
+    tmp = Path(tempfile.mkdtemp(prefix="ecstore-ctlfull-"))
+    c = LocalCluster.create(tmp, storage=6, control=3, k=4, m=2, gateway=False)
+    disks = [Path(c.nodes[n].data) for n in FULL]
+    mounted = []
+    old = os.environ.get("ECSTORE_CONTROL_RESERVE_MB")
+    try:
+        for disk in disks:
+            why = mount_tmpfs(disk, DISK_MIB)
+            if why is not None:
+                pytest.skip(why)
+            mounted.append(disk)
+        # no reserve: the disk fills under RocksDB's own writes, the failure whose
+        # error RocksDB keeps (a reserve refuses before it: test_metadb_* below)
+        os.environ["ECSTORE_CONTROL_RESERVE_MB"] = "0"
+        c.start()
+        yield c
+    finally:
+        if old is None:
+            os.environ.pop("ECSTORE_CONTROL_RESERVE_MB", None)
+        else:
+            os.environ["ECSTORE_CONTROL_RESERVE_MB"] = old
+        c.stop()
+        for disk in mounted:
+            unmount(disk)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _record(**extra: Any) -> bytes:
+    return pack({"ts": time.time_ns(), "version_id": f"v{time.time_ns()}", "deleted": False,
+                 **extra})
+
+
+def _call(c: LocalCluster, node: str, method: str, path: str, body: bytes = b""
+          ) -> tuple[int, bytes]:
+    """(status, body) of one signed request to a node."""
+    try:
+        return 200, signed_request(c.secret, method, c.nodes[node].url, path, body)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _put_record(c: LocalCluster, node: str, key: str, padding: int = 0) -> tuple[int, bytes]:
+    return _call(c, node, "PUT", f"/v1/objects/cfull/{key}",
+                 _record(pad=os.urandom(padding)) if padding else _record())
+
+
+def _trip(c: LocalCluster, node: str) -> None:
+    """Fill the node's disk but SLACK_BYTES, then write a record too large for the
+    slack straight to it: 507 with a JSON error body, not the 500 of an unhandled
+    RocksDB error; RocksDB's error is then the one its status names."""
+    fill(Path(c.nodes[node].data), SLACK_BYTES)
+    status, body = _put_record(c, node, "trip", PADDING_BYTES)
+    assert status == 507, (status, body)
+    err = json.loads(body)
+    assert err["error"] == "insufficient_storage" and "disk full" in err["message"], err
+    assert _status(c, node)["db_error"], "RocksDB itself did not fail the write"
+
+
+def _status(c: LocalCluster, node: str) -> dict[str, Any]:
+    value: dict[str, Any] = json.loads(signed_request(c.secret, "GET", c.nodes[node].url,
+                                                      "/v1/status"))
+    return value
+
+
+def _health(c: LocalCluster, node: str) -> dict[str, Any]:
+    with urllib.request.urlopen(c.nodes[node].url + "/v1/health", timeout=5) as r:
+        value: dict[str, Any] = json.loads(r.read())
+        return value
+
+
+def _metrics(c: LocalCluster, node: str) -> dict[str, float]:
+    text = signed_request(c.secret, "GET", c.nodes[node].url, "/metrics").decode()
+    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+            if line.startswith("ecstore_control_")}
+
+
+def _ecstore_status(c: LocalCluster) -> tuple[int, dict[str, Any], str]:
+    """`ecstore status --json` and `ecstore status`: (exit code, JSON, table)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ECSTORE_CLUSTER": str(c.path),
+           "COLUMNS": "200"}
+    runs = [subprocess.run([sys.executable, "-m", "cli.main", "status", *args],
+                           capture_output=True, timeout=60, env=env) for args in (["--json"], [])]
+    assert runs[0].returncode == runs[1].returncode
+    return runs[0].returncode, json.loads(runs[0].stdout), runs[1].stdout.decode()
+
+
+def _free_space(c: LocalCluster, node: str) -> None:
+    (Path(c.nodes[node].data) / "filler").unlink()
+
+
+def test_one_full_control_node_refuses_writes_with_507_serves_reads_and_recovers(
+        small_disks: LocalCluster) -> None:
+    c = small_disks
+    pid = c.nodes["c1"].pid
+    with SyncClient(c.path) as client:
+        client.create_bucket("cfull")
+        before = {f"b{i}": os.urandom(200 + i) for i in range(10)}
+        for k, v in before.items():
+            client.put("cfull", k, v)
+        _trip(c, "c1")
+        # still 507, not a 500 of RocksDB's sticky error, whatever the size
+        assert _put_record(c, "c1", "again")[0] == 507
+        # it keeps answering reads: a record it held before the disk filled
+        status, raw = _call(c, "c1", "GET", "/v1/objects/cfull/b0")
+        assert status == 200 and unpack(raw)["version_id"]
+        # W=2 of 3: puts and overwrites go on through the other two
+        during = {f"d{i}": os.urandom(300 + i) for i in range(10)}
+        for k, v in {**during, "b0": b"overwritten"}.items():
+            client.put("cfull", k, v)
+        for k, v in {**before, **during, "b0": b"overwritten"}.items():
+            assert client.get("cfull", k) == v
+
+        # what an operator sees: degraded, with why, disk free near 0, exit 3
+        st = _status(c, "c1")
+        assert st["writable"] is False and st["disk_free_bytes"] <= SLACK_BYTES
+        assert st["disk_total_bytes"] == DISK_MIB * MiB
+        assert any("refuses writes" in p for p in st["problems"]), st["problems"]
+        health = _health(c, "c1")
+        assert health["ok"] is True and health["writable"] is False and health["problems"]
+        m = _metrics(c, "c1")
+        assert m["ecstore_control_db_writable"] == 0
+        assert m["ecstore_control_disk_total_bytes"] == DISK_MIB * MiB
+        assert m["ecstore_control_disk_free_bytes"] <= SLACK_BYTES
+        code, js, table = _ecstore_status(c)
+        rows = {r["id"]: r for r in js["nodes"]}
+        assert code == 3
+        assert rows["c1"]["state"] == "degraded" and rows["c1"]["up"] is True
+        assert rows["c1"]["disk_free_bytes"] <= SLACK_BYTES
+        assert all(rows[n]["state"] == "up" for n in rows if n != "c1"), rows
+        assert rows["c3"]["disk_total_bytes"] > 0 and rows["c3"]["disk_free_bytes"] > 0
+        assert "degraded" in table and "c1 degraded: metadata database refuses writes" in table
+
+        # space freed: writes come back on their own, the same process
+        _free_space(c, "c1")
+        wait_for(lambda: _put_record(c, "c1", "after", PADDING_BYTES)[0] == 200,
+                 timeout_s=20, what="c1 to take writes again without a restart")
+        assert c.nodes["c1"].pid == pid and _health(c, "c1")["pid"] == pid
+        st = _status(c, "c1")
+        assert st["writable"] is True and st["problems"] == [] and st["db_error"] is None
+        assert _metrics(c, "c1")["ecstore_control_db_reopens_total"] == 1
+        code, js, _ = _ecstore_status(c)
+        assert code == 0 and {r["state"] for r in js["nodes"]} == {"up"}
+        # what it held is all there, and it takes the quorum's writes again
+        for k in before:
+            assert _call(c, "c1", "GET", f"/v1/objects/cfull/{k}")[0] == 200
+        client.put("cfull", "later", b"later")
+        status, raw = _call(c, "c1", "GET", "/v1/objects/cfull/later")
+        assert status == 200
+
+
+def test_two_full_control_nodes_fail_puts_clearly_and_acknowledge_nothing(
+        small_disks: LocalCluster) -> None:
+    c = small_disks
+    with SyncClient(c.path) as client:
+        client.create_bucket("cfull2")
+        client.put("cfull2", "kept", b"kept before")
+        for node in FULL:
+            _trip(c, node)
+        failed = {}
+        for i in range(5):
+            with pytest.raises(Unavailable) as info:
+                client.put("cfull2", f"refused{i}", b"x" * (100 + i))
+            failed[f"refused{i}"] = b"x" * (100 + i)
+        msg = info.value.message
+        assert "1 of 3 control nodes answered, 2 needed" in msg, msg
+        assert "c1: disk full" in msg and "c2: disk full" in msg, msg
+        # reads go on: every control node answers them
+        assert client.get("cfull2", "kept") == b"kept before"
+        assert "kept" in [o.key for o in client.list("cfull2").objects]
+
+        for node in FULL:
+            _free_space(c, node)
+
+        def put_works() -> bool:
+            try:
+                client.put("cfull2", "back", b"back")
+                return True
+            except Unavailable:
+                return False
+        wait_for(put_works, timeout_s=20, what="puts to work again once space is freed")
+        assert client.get("cfull2", "back") == b"back"
+        # a put that failed is absent or whole, never partial (its outcome was unknown)
+        for k, v in failed.items():
+            try:
+                assert client.get("cfull2", k) == v
+            except NotFound:
+                pass
+
+
+def test_metadb_refuses_writes_under_its_reserve_and_reopens_after_enospc(
+        tmp_path: Path) -> None:
+    """The database alone on a 4 MiB tmpfs: with a reserve, a write while less is free
+    is refused (507) before RocksDB sees it, and RocksDB keeps taking writes once space
+    is freed; without one, RocksDB's own ENOSPC makes every later write fail - reads
+    go on - until GroupCommit.recover() reopens it once the disk takes writes again."""
+    disk = tmp_path / "disk"
+    why = mount_tmpfs(disk, 4)
+    if why is not None:
+        pytest.skip(why)
+
+    async def go() -> None:
+        db = MetaDB(disk / "db", sync=True, reserve_bytes=MiB)
+        commit = GroupCommit(db)
+
+        def put(k: bytes, v: bytes) -> Any:
+            def fn(view: Any) -> None:
+                view.put(k, v)
+            return commit.apply(fn)
+        try:
+            await put(b"a", b"1")
+            filler = fill(disk, MiB // 2)
+            with pytest.raises(InsufficientStorage, match="disk full"):
+                await put(b"b", b"2")
+            assert db.failed is None and db.problems()      # refused by the reserve
+            filler.unlink()
+            await put(b"b", b"2")
+            assert not db.problems()
+
+            db.reserve_bytes = 0
+            filler = fill(disk, SLACK_BYTES)
+            with pytest.raises(InsufficientStorage):
+                for i in range(64):
+                    await put(b"big%d" % i, os.urandom(PADDING_BYTES))
+            assert db.failed is not None
+            assert db.db.get(b"a") == b"1"                  # reads go on
+            assert not await commit.recover()               # the disk is still full
+            filler.unlink()
+            assert free_bytes(disk) > 2 * MiB
+            with pytest.raises(InsufficientStorage):        # sticky until reopened
+                await put(b"c", b"3")
+            assert await commit.recover()
+            await put(b"c", b"3")
+            assert db.failed is None and db.reopens == 1
+            assert db.db.get(b"a") == b"1" and db.db.get(b"c") == b"3"
+        finally:
+            await commit.drained()
+            db.close()
+    try:
+        asyncio.run(go())
+    finally:
+        gc.collect()
+        unmount(disk)

@@ -1,0 +1,47 @@
+"""Small real filesystems for full-disk tests: a tmpfs with a size limit mounted on a
+node's data directory (root only), and a filler file that takes its free space."""
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+from pathlib import Path
+
+MiB = 1024 * 1024
+
+
+def mount_tmpfs(path: Path, size_mib: int) -> str | None:
+    """Mount a tmpfs of size_mib at path; the reason it could not, or None."""
+    if os.geteuid() != 0:
+        return "mounting a small filesystem needs root (CI runs as root)"
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs", str(path)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"mount -t tmpfs failed here: {r.stderr.strip()}"
+    return None
+
+
+def unmount(path: Path) -> None:
+    subprocess.run(["umount", "--lazy", str(path)], check=False)   # a failed test may hold files open
+
+
+def free_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def fill(disk: Path, leave_bytes: int) -> Path:
+    """A filler file taking the disk's free space but about `leave_bytes` (0: all of it,
+    to the last block); its path, to unlink when the space is to come back."""
+    filler = disk / "filler"
+    with open(filler, "ab") as f:
+        while free_bytes(disk) > leave_bytes:
+            try:
+                f.write(b"\0" * min(MiB, max(4096, free_bytes(disk) - leave_bytes)))
+                f.flush()
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                break
+    return filler
