@@ -123,6 +123,24 @@ def pid_alive(pid: int | None) -> bool:
     return stat[stat.rfind(")") + 2:][:1] not in ("Z", "X")
 
 
+def _answered_by(pid: object, started: int, role: str) -> bool:
+    """Whether a health answer's `pid` comes from the process this cluster started: that
+    process, or for a gateway one of its workers (with --workers N the started process
+    supervises and workers answer: their parent is it). A gateway of an earlier version
+    sends no pid: taken as its own."""
+    if pid == started:
+        return True
+    if role != "gateway":
+        return False
+    if pid is None:
+        return True
+    try:
+        stat = Path(f"/proc/{int(str(pid))}/stat").read_text()
+    except (OSError, ValueError):
+        return False
+    return stat[stat.rfind(")") + 2:].split()[1] == str(started)   # field 4: the ppid
+
+
 @dataclass
 class NodeSpec:
     id: str
@@ -278,15 +296,15 @@ class LocalCluster:
     def _healthy(self, node_id: str) -> bool:
         """The node answers its health check - as itself: a node that could not bind its
         port must not pass for healthy because another process answers there, not even
-        one that answers as this node (an old instance of it): a storage or control node
-        this object started must answer with that process's pid."""
+        one that answers as this node (an old instance of it): a node this object started
+        must answer with that process's pid (a gateway: its own or a worker's)."""
         try:
             n = self.nodes[node_id]
             path = GATEWAY_HEALTH_PATH if n.role == "gateway" else "/v1/health"
             with urllib.request.urlopen(n.url + path, timeout=1) as r:
                 body = json.loads(r.read() or b"{}")
                 proc = self.procs.get(node_id)
-                if proc is not None and n.role != "gateway" and body.get("pid") != proc.pid:
+                if proc is not None and not _answered_by(body.get("pid"), proc.pid, n.role):
                     return False
                 return bool(r.status == 200) and node_id in (body.get("node_id"),
                                                              body.get("node"))

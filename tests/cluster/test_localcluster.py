@@ -2,6 +2,7 @@
 out, never taken for healthy because something else answers there."""
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -68,8 +69,13 @@ def impostor(request: pytest.FixtureRequest) -> Iterator[int]:
     """An HTTP server that answers every health check with 200 as node "other" - or as
     "s1" itself, as an old instance of the node (another secret, another version) would:
     a node this cluster started passes only when its own process answers (its pid)."""
-    answers_as = request.param
+    with health_impostor(request.param) as port:
+        yield port
 
+
+@contextlib.contextmanager
+def health_impostor(answers_as: str) -> Iterator[int]:
+    """The impostor's server, answering as `answers_as` with pid 1; its port."""
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             body = json.dumps({"node_id": answers_as, "ok": True, "pid": 1}).encode()
@@ -105,3 +111,17 @@ def test_a_node_whose_port_is_taken_is_not_healthy(tmp_path: Path, impostor: int
         assert said in log and "Traceback" not in log
     finally:
         cluster.stop()
+
+
+def test_a_gateway_whose_port_is_taken_is_not_healthy(tmp_path: Path) -> None:
+    # the gateway's health answer names the pid of the worker that answered: its own, or
+    # with --workers N a child of the process the cluster started - not any other
+    with health_impostor("gw1") as port:
+        cluster = LocalCluster.create(tmp_path, storage=6, control=1, gateway=True)
+        cluster.nodes["gw1"].port = port
+        try:
+            cluster.start_node("gw1")
+            with pytest.raises(RuntimeError, match="gw1 exited with 1"):
+                cluster.wait_healthy(["gw1"], timeout_s=20)
+        finally:
+            cluster.stop()
