@@ -28,6 +28,7 @@ from node.metadb import MAP_KEY, SUMMARIES_KEY, GroupCommit, MetaDB, View, acces
 from node.metrics import REQUEST_ID, Families, ObservabilityConfig, counter, gauge, observability_config
 from node.server import (
     OBSERVER,
+    env_number,
     int_param,
     make_base_app,
     node_arg_parser,
@@ -729,7 +730,7 @@ def make_app(config: ControlConfig) -> web.Application:
 
 def main(argv: list[str] | None = None) -> None:
     p = node_arg_parser("control")
-    p.add_argument("--reserve-mb", type=float, default=_env_reserve_mb(),
+    p.add_argument("--reserve-mb", type=float, default=env_number(RESERVE_ENV, None, "MiB"),
                    help="free space kept on the disk: metadata writes while less is free are "
                    f"refused with 507 (default ${RESERVE_ENV}, else 1%% of the disk, at most "
                    "1024)")
@@ -741,16 +742,6 @@ def main(argv: list[str] | None = None) -> None:
                         None if a.reserve_mb is None else int(a.reserve_mb * 2**20))
     app = make_app(cfg)
     run(app, cfg.host, cfg.port, front=app[FAST] if fast_path_enabled() else None)
-
-
-def _env_reserve_mb() -> float | None:
-    text = os.environ.get(RESERVE_ENV, "")
-    if not text:
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise SystemExit(f"{RESERVE_ENV} must be a number of MiB, got {text!r}") from None
 
 
 if __name__ == "__main__":

@@ -644,3 +644,15 @@ def node_arg_parser(role: str) -> argparse.ArgumentParser:
     p.add_argument("--no-fsync", action="store_true")
     add_observability_args(p)
     return p
+
+
+def env_number(name: str, default: float | None, unit: str) -> float | None:
+    """A node's setting from $`name` (a number of `unit`), else `default`; SystemExit
+    saying so when it is not a number."""
+    text = os.environ.get(name, "")
+    if not text:
+        return default
+    try:
+        return float(text)
+    except ValueError:
+        raise SystemExit(f"{name} must be a number of {unit}, got {text!r}") from None

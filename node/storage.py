@@ -43,6 +43,7 @@ from node.scrub import (
 from node.server import (
     OBSERVER,
     ensure_fd_limit_for_files,
+    env_number,
     make_base_app,
     node_arg_parser,
     query_int,
@@ -528,7 +529,8 @@ def make_app(config: StorageConfig) -> web.Application:
 
 def main(argv: list[str] | None = None) -> None:
     p = node_arg_parser("storage")
-    p.add_argument("--scrub-rate-mb-s", type=float, default=_env_rate(),
+    p.add_argument("--scrub-rate-mb-s", type=float,
+                   default=env_number(SCRUB_RATE_ENV, DEFAULT_SCRUB_RATE_MB_S, "MB/s"),
                    help=f"background scrub read rate, 0 = off (default ${SCRUB_RATE_ENV}, "
                    f"else {DEFAULT_SCRUB_RATE_MB_S})")
     p.add_argument("--scrub-interval-s", type=float, default=DEFAULT_SCRUB_PASS_INTERVAL_S,
@@ -560,16 +562,6 @@ def main(argv: list[str] | None = None) -> None:
                         observability=observability_config(a))
     app = make_app(cfg)
     run(app, cfg.host, cfg.port, front=app[FAST] if fast_path_enabled() else None)
-
-
-def _env_rate() -> float:
-    text = os.environ.get(SCRUB_RATE_ENV, "")
-    if not text:
-        return DEFAULT_SCRUB_RATE_MB_S
-    try:
-        return float(text)
-    except ValueError:
-        raise SystemExit(f"{SCRUB_RATE_ENV} must be a number of MB/s, got {text!r}") from None
 
 
 if __name__ == "__main__":
