@@ -12,16 +12,14 @@ import asyncio
 import builtins
 import contextlib
 import functools
-import inspect
 import json
 import os
 import secrets
-import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Callable, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Protocol, TypeVar, overload
 
 from placement.cluster_map import ClusterMap
 from placement.nodes import Node
@@ -35,7 +33,6 @@ from store.digest import digest
 from store.digest import matches as digest_matches
 from store.errors import (
     BadRequest,
-    ClientClosed,
     Conflict,
     Corrupt,
     EcstoreError,
@@ -57,6 +54,9 @@ from store.wire import (
     pack_header,
     unpack,
 )
+
+if TYPE_CHECKING:
+    from store.client_sync import SyncClient as SyncClient
 
 FRAGMENT_TIMEOUT_S = 30.0
 STRAGGLER_MIN_S = 2.0          # a fragment put this far behind its segment's k-th goes to a handoff
@@ -1320,71 +1320,9 @@ def _read_exact(f: BinaryIO, size: int) -> bytes:
     return b"".join(parts)
 
 
-class SyncClient:
-    """Blocking wrapper for scripts and notebooks: runs a Client on a private loop thread."""
-
-    def __init__(self, cluster: str | os.PathLike[str] | ClusterInfo | None = None,
-                 **cache: Any) -> None:
-        """`cache`: cache_dir and cache_max_bytes, as for Client()."""
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
-        self.client = Client.connect(cluster, **cache)
-
-    def _run(self, coro: Awaitable[T]) -> T:
-        if self._loop.is_closed():
-            if inspect.iscoroutine(coro):
-                coro.close()    # never awaited: no "coroutine was never awaited" warning
-            raise ClientClosed("this SyncClient is closed: make a new one")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()  # type: ignore[arg-type]
-
-    def close(self) -> None:
-        """Close the client and stop its loop thread; a second call does nothing."""
-        if self._loop.is_closed():
-            return
-        try:
-            self._run(self.client.close())
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join()
-            self._loop.close()
-
-    def __enter__(self) -> "SyncClient":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def create_bucket(self, bucket: str) -> None:
-        self._run(self.client.create_bucket(bucket))
-
-    def delete_bucket(self, bucket: str) -> None:
-        self._run(self.client.delete_bucket(bucket))
-
-    def list_buckets(self) -> list[str]:
-        return self._run(self.client.list_buckets())
-
-    def put(self, bucket: str, key: str, source: Any, **kw: Any) -> ObjectInfo:
-        return self._run(self.client.put(bucket, key, source, **kw))
-
-    def get(self, bucket: str, key: str, start: int | None = None,
-            end: int | None = None) -> bytes:
-        return self._run(self.client.get(bucket, key, start, end))
-
-    def get_stream(self, bucket: str, key: str, start: int | None = None,
-                   end: int | None = None) -> Iterator[bytes | memoryview]:
-        agen = self.client.get_stream(bucket, key, start, end)
-        while True:
-            try:
-                yield self._run(anext(agen))  # type: ignore[arg-type]
-            except StopAsyncIteration:
-                return
-
-    def head(self, bucket: str, key: str) -> ObjectInfo:
-        return self._run(self.client.head(bucket, key))
-
-    def delete(self, bucket: str, key: str) -> None:
-        self._run(self.client.delete(bucket, key))
-
-    def list(self, bucket: str, **kw: Any) -> ListResult:
-        return self._run(self.client.list(bucket, **kw))
+def __getattr__(name: str) -> Any:
+    """SyncClient, loaded when first asked for: store.client_sync imports Client from here."""
+    if name == "SyncClient":
+        from store.client_sync import SyncClient
+        return SyncClient
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
