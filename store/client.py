@@ -18,14 +18,11 @@ import builtins
 import contextlib
 import json
 import os
-import sys
 import time
-import types
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from placement.nodes import Node
-from store import client_base, client_get, client_put
 from store.client_base import (
     BUCKET_CACHE_TTL_S,
     DEFAULT_CACHE_MAX_MB,
@@ -298,20 +295,3 @@ def __getattr__(name: str) -> Any:
         return SyncClient
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-
-class _Reexports(types.ModuleType):
-    """Setting a name re-exported here also sets it in the module(s) it came from, where
-    the code that reads it looks it up: `monkeypatch.setattr(store.client, "VERIFY_AFTER_S",
-    0.5)` still reaches the put path, as it did when all of it lived in this module. (A
-    module's attribute setting is customized by its __class__: Python's reference,
-    "Customizing module attribute access".)"""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        old = self.__dict__.get(name, _Reexports)
-        for home in (client_base, client_get, client_put):
-            if name in vars(home) and vars(home)[name] is old:
-                setattr(home, name, value)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Reexports
