@@ -10,7 +10,7 @@ clock is read, then the records of running puts, then the live records. Any vers
 committed before its key's record is read is therefore seen as live, and a version that
 is neither live nor young belongs to a put that has been running for longer than the
 grace period - which says so: a put running over INTENT_AFTER_S (20 s) keeps a record
-in PUTS_BUCKET, refreshed while it runs (store.client), and its version is kept. A put
+in PUTS_BUCKET, refreshed while it runs (store.client_put), and its version is kept. A put
 that commits after the running puts were read was running then. The CLI takes graces of
 60 s and more only (--force below), so every put older than the grace has told. Such a
 record that has expired (its put ended, or its client died) is tombstoned here.

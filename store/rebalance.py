@@ -4,7 +4,7 @@ For each fragment of each live object, the target is where the current map (with
 object's handoffs) says a reader looks; the source is any node whose listing holds it.
 A move is GET (verified) from the source, PUT (fsynced) on the target, and only then
 DELETE on the source. Readers that miss a fragment at its new place look where the
-previous epoch put it (store.client), so reads keep working during the move.
+previous epoch put it (store.client_get), so reads keep working during the move.
 `plan_moves` is pure; `RebalanceWorker.step()` moves one object's fragments per call.
 """
 from __future__ import annotations

@@ -336,7 +336,7 @@ def test_a_put_whose_fragments_gc_took_fails_instead_of_committing(
     its first segment and the rest) used to commit anyway - acknowledged, unreadable. A
     put that ran past VERIFY_AFTER_S checks its fragments first: it fails, nothing is
     committed, the key stays as it was."""
-    import store.client as client_module
+    import store.client_put as client_module  # where the put path reads them
     monkeypatch.setattr(client_module, "VERIFY_AFTER_S", 0.5)
     if "long-puts" not in client.list_buckets():
         client.create_bucket("long-puts")
@@ -366,7 +366,7 @@ def test_a_put_that_told_gc_it_runs_keeps_its_fragments_whatever_the_grace(
     runs) that gc reads before the object records: gc with grace 0 in the middle of the
     put keeps its fragments, the put commits and reads back whole. Once the record has
     expired, the next gc tombstones it."""
-    import store.client as client_module
+    import store.client_put as client_module  # where the put path reads them
     from store.names import PUTS_BUCKET
     monkeypatch.setattr(client_module, "INTENT_AFTER_S", 0.2)
     monkeypatch.setattr(client_module, "INTENT_REFRESH_S", 0.3)
