@@ -181,7 +181,7 @@ async def complete(c: Client, bucket: str, upload_id: str, requested: list[tuple
         **up["fields"], "ts": time.time_ns(), "version_id": new_version_id(), "deleted": False,
         "content_type": up["content_type"], "meta": up["meta"], "policy": up["policy"],
         "k": up["k"], "m": up["m"], "ec_type": up["ec_type"], "segment_size": up["segment_size"],
-        "epoch": cmap.epoch, "inline": None, "handoffs": {},
+        "epoch": cmap.epoch, "inline": None, "handoffs": {}, "upload_id": upload_id,
         "parts": [{**{f: p[f] for f in ("version_id", "size", "segments", "handoffs", "etag")},
                    **({"checksums": p["checksums"]} if p.get("checksums") else {})}
                   for p in chosen],

@@ -27,6 +27,7 @@ from node.s3.objects import (
 )
 from node.s3.xml import doc, el, iso8601, owner_xml, parse
 from store import multipart as mp
+from store.errors import EcstoreError
 
 MAX_LISTED = 1000
 COPY_RANGE_RE = re.compile(r"bytes=([0-9]+)-([0-9]+)")
@@ -151,7 +152,16 @@ def complete_request(body: bytes) -> tuple[list[tuple[int, str]], dict[int, dict
 
 async def complete_upload(ctx: S3Ctx) -> web.StreamResponse:
     await ctx.owned_bucket()
-    checksum = sums.of_upload(await _upload(ctx))
+    try:
+        up = await _upload(ctx)
+    except S3Error:
+        done = await _completed_from(ctx)
+        if done is None:
+            raise
+        # A retry of a complete that committed (its answer lost: a timeout, a cut
+        # connection): S3 answers it as the first, and SDKs retry exactly this way.
+        return _completed(ctx, done)
+    checksum = sums.of_upload(up)
     # x-amz-checksum-<algorithm> here is the object's checksum, not the XML body's
     claimed = {CHECKSUM_HEADERS[h.lower()]: v.strip() for h, v in ctx.headers.items()
                if h.lower() in CHECKSUM_HEADERS}
@@ -172,6 +182,20 @@ async def complete_upload(ctx: S3Ctx) -> web.StreamResponse:
         raise _no_such_upload() from None
     except mp.PartError as exc:
         raise S3Error(exc.s3_code, exc.message) from None
+    return _completed(ctx, record)
+
+
+async def _completed_from(ctx: S3Ctx) -> dict[str, Any] | None:
+    """The live record of the request's key when this very upload made it (a complete
+    that committed), else None."""
+    try:
+        rec = await ctx.client.live_record(ctx.bucket, ctx.key)
+    except EcstoreError:
+        return None
+    return rec if rec.get("upload_id") == ctx.query["uploadId"] else None
+
+
+def _completed(ctx: S3Ctx, record: Mapping[str, Any]) -> web.StreamResponse:
     location = f"{ctx.request.scheme}://{ctx.request.host}/{ctx.bucket}/{quote(ctx.key)}"
     kept = record.get("checksums") or {}
     return xml_response(doc("CompleteMultipartUploadResult", el("Location", location),

@@ -117,6 +117,24 @@ def test_a_single_small_part_completes(s3: BaseClient, bucket: str) -> None:
     assert s3.get_object(Bucket=BUCKET, Key="mp/one")["Body"].read() == b"x"
 
 
+def test_a_complete_sent_again_answers_as_the_first(s3: BaseClient, bucket: str) -> None:
+    """An SDK whose complete timed out sends it again: S3 answers the retry with the same
+    result once the upload has made the object (it answered NoSuchUpload here, and the
+    upload was reported failed although the object was there). Once the key is written
+    again, the old upload's id is NoSuchUpload, as any id that made nothing."""
+    parts = [blob(MIN_PART, 30), b"tail"]
+    upload_id = upload_parts(s3, "mp/retried", parts)
+    first = complete(s3, "mp/retried", upload_id, etags(parts))
+    again = complete(s3, "mp/retried", upload_id, etags(parts))
+    assert (again["ETag"], again["Key"], again["Bucket"]) == (first["ETag"], "mp/retried", BUCKET)
+    assert s3.get_object(Bucket=BUCKET, Key="mp/retried")["Body"].read() == b"".join(parts)
+    assert client_error(lambda: complete(s3, "mp/other-key", upload_id, etags(parts))) == \
+        ("NoSuchUpload", 404)
+    s3.put_object(Bucket=BUCKET, Key="mp/retried", Body=b"overwritten")
+    assert client_error(lambda: complete(s3, "mp/retried", upload_id, etags(parts))) == \
+        ("NoSuchUpload", 404)
+
+
 def test_uploading_a_part_number_again_replaces_the_part(s3: BaseClient, bucket: str) -> None:
     first, second, last = blob(MIN_PART, 4), blob(MIN_PART, 5), b"tail"
     upload_id = upload_parts(s3, "mp/again", [first, last])
