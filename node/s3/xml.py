@@ -13,7 +13,8 @@ from node.s3.errors import S3Error
 NS = "http://s3.amazonaws.com/doc/2006-03-01/"
 MAX_XML_BODY_BYTES = 4 * 1024 * 1024
 _ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}
-_NEEDS_ESCAPE = re.compile(r'[&<>"\x00-\x08\x0b\x0c\x0e-\x1f]')
+# \r too: a parser reads a literal CR (or CR LF) back as \n, another key than the one stored
+_NEEDS_ESCAPE = re.compile(r'[&<>"\x00-\x08\x0b\x0c\x0d\x0e-\x1f]')
 
 
 def escape(value: str) -> str:

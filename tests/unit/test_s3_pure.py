@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import xml.etree.ElementTree as ET
 
 import pytest
 from hypothesis import given
@@ -160,6 +161,8 @@ def test_bad_token_and_bad_xml_are_400() -> None:
 
 def test_xml_escape_control_characters() -> None:
     assert escape("a&b<\x01>") == "a&amp;b&lt;&#x1;&gt;"
+    for key in ("cr\rx", "crlf\r\nx", "lf\nx", "tab\tx"):    # a parser gives each back as it was
+        assert ET.fromstring(f"<Key>{escape(key)}</Key>").text == key
 
 
 def test_part_bounds_are_the_parts_of_a_multipart_record_and_one_part_otherwise() -> None:
