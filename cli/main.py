@@ -10,6 +10,7 @@ import re
 import signal
 import sys
 import time
+import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -698,6 +699,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except Exception as exc:    # a bug: its traceback for the report, and JSON still JSON
+        traceback.print_exc()
+        err.print(f"[red]error:[/] internal error ({type(exc).__name__}: {exc}); this is a "
+                  "bug in ecstore - please report the traceback above", highlight=False)
+        if getattr(a, "json", False):
+            print(json.dumps({"error": "internal", "message": f"{type(exc).__name__}: {exc}"},
+                             indent=2))
+        return 1
 
 
 if __name__ == "__main__":

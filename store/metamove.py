@@ -96,6 +96,8 @@ async def _move_bucket(c: Client, cmap: ClusterMap, node: Node, bucket: str, dry
                                   query={"after": after, "limit": SCAN_PAGE, "full": "1"},
                                   timeout_s=60)
         page = unpack(reply.body, 64 * 1024 * 1024)
+        if page["records"]:     # read before the loop takes each record's key out of it
+            after = page["records"][-1]["key"]
         for rec in page["records"]:
             key = rec.pop("key")
             report.records_checked += 1
@@ -108,7 +110,6 @@ async def _move_bucket(c: Client, cmap: ClusterMap, node: Node, bucket: str, dry
                 await _drop(c, node, bucket, key, rec["version_id"], report)
         if not page["truncated"] or not page["records"]:
             return
-        after = page["records"][-1]["key"]
 
 
 async def _drop(c: Client, node: Node, bucket: str, key: str, version_id: str,
