@@ -77,6 +77,7 @@ from store.errors import BadRequest, Corrupt, InsufficientStorage, NotFound
 from store.wire import pack
 
 log = logging.getLogger("ecstore.fragments")
+lifecycle_log = logging.getLogger("ecstore.lifecycle")   # shown whatever the log level
 
 CACHED_HEAD_BYTES = 1024         # read first for a cached body: most headers are ~200 bytes
 QUARANTINE_SEPARATOR = "~"  # never in a fragment id: `{fid}~{ns}` for a second copy
@@ -162,7 +163,7 @@ class FragmentStore:
         self.open_volumes()
         migrated = self._migrate_files()
         self.quarantined = sum(1 for _ in self.quarantine.iterdir())
-        log.info("opened %d fragments (%d bytes) in %d volumes in %.2f s%s",
+        lifecycle_log.info("opened %d fragments (%d bytes) in %d volumes in %.2f s%s",
                  self.count, self.bytes, len(self._volumes), time.monotonic() - t0,
                  f"; moved {migrated} fragment files into volumes" if migrated else "")
 

@@ -8,8 +8,9 @@ operation across the nodes it touches (store.transport.REQUEST_ID_HEADER), so
 `grep ID DIR/logs/*.log` shows one put or get on the gateway, control and storage nodes.
 
 Loggers: "ecstore.request" (requests), "ecstore.step" (background steps) log at INFO and
-are on by default (ECSTORE_REQUEST_LOG=0 turns them down to warnings only); every other
-logger follows ECSTORE_LOG_LEVEL (default WARNING).
+are on by default (ECSTORE_REQUEST_LOG=0 turns them down to warnings only);
+"ecstore.lifecycle" (a node listening, stopping, what its store found on disk when it
+opened) always logs at INFO; every other logger follows ECSTORE_LOG_LEVEL (default WARNING).
 
 Lines are written in batches (LineWriter): a write per request cost a storage node a
 fifth of its small-GET throughput. A WARNING or worse goes out at once, with every line
@@ -40,6 +41,9 @@ _PLAIN = re.compile(r'[^\s"=\\]+')   # a text value that needs no quotes
 
 request_log = logging.getLogger("ecstore.request")
 step_log = logging.getLogger("ecstore.step")
+# a node's start, stop and what it found on disk when it opened: shown at INFO whatever
+# ECSTORE_LOG_LEVEL says - a restart must leave a trace in the log
+lifecycle_log = logging.getLogger("ecstore.lifecycle")
 
 
 def log_event(logger: logging.Logger, level: int, event: str, fields: Mapping[str, Any]) -> None:
@@ -240,4 +244,5 @@ def configure_logging(node_id: str, log_format: str, buffered: bool = True) -> N
     on = os.environ.get(REQUEST_LOG_ENV, "1").strip() != "0"
     for logger in (request_log, step_log):
         logger.setLevel(logging.INFO if on else logging.WARNING)
+    lifecycle_log.setLevel(logging.INFO)
     logging.captureWarnings(True)  # Python warnings in the same format (JSON stays JSON)

@@ -23,7 +23,7 @@ from typing import Any, cast
 from aiohttp import web
 from aiohttp.http import HttpProcessingError
 
-from node.logs import configure_logging, log_format_from_env, request_log
+from node.logs import configure_logging, lifecycle_log, log_event, log_format_from_env, request_log
 from node.metrics import (
     CONTENT_TYPE,
     METRICS_PATH,
@@ -364,8 +364,13 @@ async def _serve(app: web.Application, host: str, port: int, reuse_port: bool,
     stop listening, close idle connections, give requests in flight SHUTDOWN_TIMEOUT_S."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    stopped_by: list[str] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        stopped_by.append(sig.name)
+        stop.set()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     obs = app.get(OBSERVER)
     # the access log hook counts and logs each request once its response is written
     runner = web.AppRunner(
@@ -393,9 +398,14 @@ async def _serve(app: web.Application, host: str, port: int, reuse_port: bool,
             reason = (exc.strerror or str(exc)).split(": ")[-1]
             raise SystemExit(f"{obs.node_id if obs else 'node'}: cannot listen on "
                              f"{host}:{port}: {reason}") from None
+        log_event(lifecycle_log, logging.INFO, "listening",
+                  {"address": f"{host}:{port}", "pid": os.getpid()})
         if ready is not None:
             ready()
         await stop.wait()
+        log_event(lifecycle_log, logging.INFO, "stopping",
+                  {"signal": stopped_by[0] if stopped_by else "-",
+                   "requests_grace_s": SHUTDOWN_TIMEOUT_S})
     finally:
         if trimmer is not None:
             trimmer.cancel()

@@ -178,6 +178,25 @@ def records_of(cluster: LocalCluster, node_id: str, offset: int) -> list[dict[st
         return [json.loads(ln) for ln in f.read().decode().splitlines()]
 
 
+def test_a_restart_leaves_its_trace_whatever_the_log_level(cluster: LocalCluster) -> None:
+    """At the default ECSTORE_LOG_LEVEL (WARNING) a node's log held nothing of a restart:
+    not when it stopped, on which signal, nor when it listened again and what its store
+    found on disk (found by an operator sweep)."""
+    assert "ECSTORE_LOG_LEVEL" not in os.environ
+    before = len(log_text(cluster, "s2"))
+    cluster.stop_node("s2")
+    cluster.start_node("s2")
+    cluster.wait_healthy(["s2"])
+    wait_for(lambda: "listening" in log_text(cluster, "s2")[before:], "the INFO lines, written "
+             "in batches within 0.2 s")
+    lines = log_text(cluster, "s2")[before:].splitlines()
+    stopping = [ln for ln in lines if "stopping" in ln]
+    assert stopping and fields(stopping[0])["signal"] == "SIGTERM", lines
+    assert any("opened" in ln and "fragments" in ln for ln in lines), lines
+    listening = [ln for ln in lines if "listening" in ln]
+    assert listening and fields(listening[-1])["address"].endswith(f":{cluster.nodes['s2'].port}")
+
+
 def test_no_node_logged_an_error_or_a_traceback(cluster: LocalCluster) -> None:
     for i in cluster.nodes:
         text = log_text(cluster, i)
