@@ -547,6 +547,9 @@ async def _repair(c: Client, a: argparse.Namespace, state: Path) -> int:
 
     if a.restart:
         state.unlink(missing_ok=True)
+    # the metadata replicas first: the fragment pass's record reads repair the replicas
+    # they read on the way (read repair), which this report would then not count
+    metadata = await _repair_replicas(c, a.dry_run)
     err.print("reading metadata and fragment listings ...")
     worker = await prepare_repair(c, a.dry_run, a.rate, state)
     if worker.skipped:
@@ -558,7 +561,7 @@ async def _repair(c: Client, a: argparse.Namespace, state: Path) -> int:
     worker.report.seconds = time.monotonic() - worker.limiter.start
     worker.finish()
     rep = worker.report.to_dict()
-    rep["metadata"] = await _repair_replicas(c, a.dry_run)
+    rep["metadata"] = metadata
     if a.json:
         print(json.dumps(rep, indent=2))
     else:
@@ -569,7 +572,8 @@ async def _repair(c: Client, a: argparse.Namespace, state: Path) -> int:
                      + [("bytes rebuilt", human(rep["bytes_rebuilt"])),
                         ("unrecoverable objects", len(rep["unrecoverable"])),
                         ("metadata records checked", rep["metadata"]["records_checked"]),
-                        ("metadata replicas copied", rep["metadata"]["copied"]),
+                        ("metadata replicas to copy" if a.dry_run else "metadata replicas copied",
+                         rep["metadata"]["copied"]),
                         ("metadata failed", rep["metadata"]["failed"])],
                      rep["metadata"]["errors"])
         for name in rep["unrecoverable"]:
@@ -588,7 +592,7 @@ async def _repair(c: Client, a: argparse.Namespace, state: Path) -> int:
 
 
 async def _repair_replicas(c: Client, dry_run: bool) -> dict[str, Any]:
-    """repair's second half: every metadata record onto each of its replicas (a control
+    """repair's first half: every metadata record onto each of its replicas (a control
     node whose disk was replaced comes back empty). A control node down: not checked."""
     from store.metamove import ReplicaReport, repair_replicas
     err.print("checking every metadata record's replicas ...")

@@ -46,24 +46,28 @@ class GetPath(ClientBase):
         return ObjectInfo.from_record(bucket, key, await self.live_record(bucket, key))
 
     @operation
-    async def live_record(self, bucket: str, key: str) -> dict[str, Any]:
+    async def live_record(self, bucket: str, key: str, read_repair: bool = True
+                          ) -> dict[str, Any]:
         check_bucket_name(bucket)
         check_key(key)
-        record = await self.read_record(bucket, key)
+        record = await self.read_record(bucket, key, read_repair)
         if record is None or record["deleted"]:
             await self._require_bucket(bucket)      # NotFound naming the bucket, if it is that
             raise NotFound(f"no such object: {bucket}/{key}")
         return record
 
     @operation
-    async def read_record(self, bucket: str, key: str) -> dict[str, Any] | None:
-        """The newest record of bucket/key by read quorum (a tombstone too), or None.
+    async def read_record(self, bucket: str, key: str, read_repair: bool = True
+                          ) -> dict[str, Any] | None:
+        """The newest record of bucket/key by read quorum (a tombstone too), or None; the
+        replicas that answered with an older one (or none) are sent it, unless not
+        `read_repair`.
 
         No name checks: also reads the internal namespaces (store.names.SYSTEM_BUCKETS)."""
         cmap = await self.cluster_map()
         # its owners, and where it was while a control ring change is being moved
         nodes, needed = cmap.metadata_read_plan(f"{bucket}/{key}")
-        return await self.meta.read(nodes, meta_path(bucket, key), needed,
+        return await self.meta.read(nodes, meta_path(bucket, key), needed, read_repair,
                                     object_name=(bucket, key))
 
     @operation

@@ -176,7 +176,9 @@ async def prepare_repair(c: Client, dry_run: bool = False, rate_mb_s: float = 0.
                          state_path: Path | None = None) -> RepairWorker:
     """Gather the inputs (records, listings) and return a worker ready to step."""
     cmap = await c.cluster_map(refresh=True)
-    records = [r async for r in live_records(c)]
+    # no read repair: repair_replicas puts replicas back (and counts them), and a dry run
+    # writes nothing
+    records = [r async for r in live_records(c, read_repair=False)]
     listings, errors = await all_listings(c, cmap.all_storage_nodes())
     worker = RepairWorker(c, cmap, listings, records, dry_run, rate_mb_s, state_path)
     worker.report.errors += errors

@@ -38,8 +38,10 @@ class WorkReport:
         return round(n_bytes / 1e6 / self.seconds, 2) if self.seconds else 0
 
 
-async def live_records(c: Client) -> AsyncIterator[tuple[str, str, dict[str, Any]]]:
-    """Every live object's full record, sorted by (bucket, key)."""
+async def live_records(c: Client, read_repair: bool = True
+                       ) -> AsyncIterator[tuple[str, str, dict[str, Any]]]:
+    """Every live object's full record, sorted by (bucket, key); `read_repair` False: a
+    replica found stale is left as it is (repair puts replicas back itself, and counts)."""
     for bucket in await c.list_buckets():
         async for page in c.list_all(bucket):
             sem = asyncio.Semaphore(MAX_PARALLEL_HEADS)
@@ -47,7 +49,7 @@ async def live_records(c: Client) -> AsyncIterator[tuple[str, str, dict[str, Any
             async def head(key: str) -> dict[str, Any] | None:
                 async with sem:
                     try:
-                        return await c.live_record(bucket, key)
+                        return await c.live_record(bucket, key, read_repair)
                     except NotFound:
                         return None
             records = await asyncio.gather(*(head(o.key) for o in page.objects))
