@@ -419,7 +419,7 @@ async def status(request: web.Request) -> web.Response:
     held = db.get_map() if db.is_open else None
     epoch = ClusterMap.from_bytes(held).epoch if held else 0
     return web.json_response({"node_id": cfg.node_id, "role": "control", "epoch": epoch,
-                              "db_bytes": _dir_bytes(cfg.data_dir), **db_health(db)})
+                              "db_bytes": _dir_bytes(db.path), **db_health(db)})
 
 
 def db_health(db: MetaDB) -> dict[str, Any]:
@@ -584,7 +584,7 @@ def control_metrics(app: web.Application, epoch: MapEpoch) -> Families:
     yield gauge("ecstore_map_epoch", "Epoch of the cluster map this node holds (0: none).",
                 epoch.of(db.get_map()))
     yield gauge("ecstore_control_db_bytes", "Bytes of this node's metadata database files.",
-                _dir_bytes(app[CONFIG].data_dir))
+                _dir_bytes(app[CONFIG].data_dir / "db"))
     fast = app[FAST]
     yield counter("ecstore_control_fast_requests", "Object record reads and writes and "
                   "listings answered by the fast path (node.fastpath), without aiohttp.", fast.requests)

@@ -157,6 +157,8 @@ def test_one_full_control_node_refuses_writes_with_507_serves_reads_and_recovers
         st = _status(c, "c1")
         assert st["writable"] is False and st["disk_free_bytes"] <= SLACK_BYTES
         assert st["disk_total_bytes"] == DISK_MIB * MiB
+        # the database's files, not the filler beside them (it counted the whole directory)
+        assert st["db_bytes"] < DISK_MIB * MiB // 2
         assert any("refuses writes" in p for p in st["problems"]), st["problems"]
         health = _health(c, "c1")
         assert health["ok"] is True and health["writable"] is False and health["problems"]
@@ -164,6 +166,7 @@ def test_one_full_control_node_refuses_writes_with_507_serves_reads_and_recovers
         assert m["ecstore_control_db_writable"] == 0
         assert m["ecstore_control_disk_total_bytes"] == DISK_MIB * MiB
         assert m["ecstore_control_disk_free_bytes"] <= SLACK_BYTES
+        assert m["ecstore_control_db_bytes"] < DISK_MIB * MiB // 2
         code, js, table = _ecstore_status(c)
         rows = {r["id"]: r for r in js["nodes"]}
         assert code == 3
