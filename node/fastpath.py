@@ -53,6 +53,7 @@ from aiohttp.http import SERVER_SOFTWARE
 from node import zerocopy
 from node.metrics import Observer
 from node.server import (
+    CLIENT_CLOSED,
     KEEPALIVE_TIMEOUT_S,
     MAX_BODY,
     MAX_HEADER_FIELD_BYTES,
@@ -367,8 +368,8 @@ class FastConn(asyncio.BufferedProtocol):
         if self.inner is not None:
             self.inner.connection_lost(exc)
         elif req is not None and self.body is not None and self.got < req.length:
-            # a body cut short: counted as aiohttp's route counts it (its 400 went nowhere)
-            self._account(req, 400, self.got, 0)
+            # a body cut short: counted as aiohttp's route counts it (node.server's 499)
+            self._account(req, CLIENT_CLOSED, self.got, 0)
         self.body = self.body_view = None
 
     # ---- state -----------------------------------------------------------------------

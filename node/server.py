@@ -86,19 +86,39 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             return json_error(_http_to_error(exc))
         raise
     except HttpProcessingError as exc:  # a malformed body: bad chunking, bad encoding
+        if _gone(request):
+            return client_closed()
         return json_error(BadRequest(f"malformed request body: {exc.message}"))
     except web.RequestPayloadError as exc:  # the same, as aiohttp hands it to a handler
+        if _gone(request):
+            return client_closed()
         return json_error(BadRequest(f"malformed request body: {exc}"))
     except ConnectionResetError:
         # The client hung up before its request was read (a body cut short): nobody
         # will read an answer; aiohttp drops it quietly. Not a bug, so no traceback.
         log.debug("%s %s: client went away", request.method, request.path)
-        return json_error(BadRequest("connection closed before the request was read"))
+        return client_closed()
     except asyncio.CancelledError:
         raise
     except Exception:  # a bug: log it whole, answer 500 without internals
         log.exception("unhandled error in %s %s", request.method, request.path)
         return json_error(EcstoreError("internal error"))
+
+
+CLIENT_CLOSED = 499    # nginx's "client closed request": logged and counted, never seen
+
+
+def client_closed() -> web.Response:
+    """The answer to a request whose client hung up before it was read: nobody reads it,
+    but the log line and the metrics say 499, not a 400 the client did not earn (a 4xx
+    alert would fire on every client timeout or a gateway killed mid-request)."""
+    return web.Response(status=CLIENT_CLOSED, text='{"error": "client_closed"}',
+                        content_type="application/json")
+
+
+def _gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 def _http_to_error(exc: web.HTTPException) -> EcstoreError:
