@@ -159,6 +159,19 @@ def test_bad_token_and_bad_xml_are_400() -> None:
         assert exc.value.code == "MalformedXML"
 
 
+def test_xml_bodies_with_a_dtd_are_refused_in_any_encoding() -> None:
+    # UTF-16 passed the byte check for "<!DOCTYPE", and its entities expanded: a 1.8 MB
+    # DeleteObjects body became an 81-million-character key (a security review)
+    bomb = ('<?xml version="1.0" encoding="{enc}"?><!DOCTYPE d [<!ENTITY a "aaaaaaaa">'
+            '<!ENTITY b "&a;&a;&a;&a;">]><Delete><Object><Key>&b;</Key></Object></Delete>')
+    for enc in ("UTF-16", "UTF-16-LE", "UTF-16-BE", "UTF-32"):
+        with pytest.raises(S3Error) as exc:     # refused, or an encoding expat does not take
+            parse(bomb.format(enc=enc).encode(enc.lower()), "Delete")
+        assert exc.value.code == "MalformedXML", enc
+    plain = '<?xml version="1.0" encoding="UTF-16"?><Delete><Object><Key>k</Key></Object></Delete>'
+    assert parse(plain.encode("utf-16"), "Delete").find("Object/Key").text == "k"  # type: ignore[union-attr]
+
+
 def test_xml_escape_control_characters() -> None:
     assert escape("a&b<\x01>") == "a&amp;b&lt;&#x1;&gt;"
     for key in ("cr\rx", "crlf\r\nx", "lf\nx", "tab\tx"):    # a parser gives each back as it was
