@@ -297,6 +297,26 @@ def byte_range(ctx: S3Ctx, rec: Mapping[str, Any], headers: dict[str, str]) -> t
     return lo, hi, True
 
 
+# An object served to a browser is a document of its own origin, the gateway's: a user's
+# HTML in a public bucket (or any text with ?response-content-type=text/html) ran script
+# that read the admin's status page with the admin's cookie (a security review). In a
+# sandbox it has an opaque origin: no script, no cookie, nothing of the gateway's.
+BROWSER_HEADERS = {"Content-Security-Policy": "sandbox", "X-Content-Type-Options": "nosniff"}
+
+
+def response_overrides(ctx: S3Ctx) -> dict[str, str]:
+    """The headers a GET's response-* parameters set: signed requests only, as S3 has it
+    (InvalidRequest for an anonymous one), printable values only (InvalidArgument)."""
+    asked = {h: ctx.query[q] for q, h in RESPONSE_OVERRIDES.items() if q in ctx.query}
+    if asked and ctx.user is None:
+        raise S3Error("InvalidRequest", "Request specific response headers cannot be used for "
+                      "anonymous GET requests.")
+    for h, v in asked.items():
+        if not v.isprintable():
+            raise S3Error("InvalidArgument", f"the value of {h} holds a control character")
+    return asked
+
+
 async def get_object(ctx: S3Ctx, head: bool = False) -> web.StreamResponse:
     if ctx.query.get("versionId", "null") != "null":
         raise S3Error("InvalidArgument", "Invalid version id specified")
@@ -307,9 +327,8 @@ async def get_object(ctx: S3Ctx, head: bool = False) -> web.StreamResponse:
         return web.Response(status=304, headers={k: headers[k] for k in ("ETag", "Last-Modified")})
     if status == 412:
         raise precondition_failed()
-    for q, h in RESPONSE_OVERRIDES.items():
-        if q in ctx.query:
-            headers[h] = ctx.query[q]
+    headers.update(response_overrides(ctx))
+    headers.update(BROWSER_HEADERS)
     lo, hi, partial = byte_range(ctx, rec, headers)
     resp = web.StreamResponse(status=206 if partial else 200, headers=headers)
     resp.content_length = hi - lo

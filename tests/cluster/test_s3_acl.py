@@ -254,6 +254,27 @@ def test_public_read_on_put_object_opens_get_and_head_only(gateway: Gateway, bob
     assert bob.get_object(Bucket=bobs, Key="pub.txt")["Body"].read() == b"for everyone"
 
 
+def test_an_object_is_served_sandboxed_and_overrides_need_a_signature(
+        gateway: Gateway, bob: BaseClient, bobs: str) -> None:
+    """A user's HTML in a public object ran as the gateway's own page and read the admin's
+    status page with the admin's cookie; any public text object could be made HTML with
+    ?response-content-type, anonymously; a CR LF in an override was a 500 with a
+    traceback (a security review)."""
+    bob.put_object(Bucket=bobs, Key="page.html", Body=b"<script>fetch('/ui/status.json')</script>",
+                   ContentType="text/html", ACL="public-read")
+    got = anon(gateway, "GET", f"/{bobs}/page.html")
+    assert got.status == 200
+    assert got.headers["content-security-policy"] == "sandbox"      # no script, opaque origin
+    assert got.headers["x-content-type-options"] == "nosniff"
+    over = anon(gateway, "GET", f"/{bobs}/page.html?response-content-type=text/plain")
+    assert (over.status, over.code) == (400, "InvalidRequest")
+    signed = bob.get_object(Bucket=bobs, Key="page.html", ResponseContentType="text/plain")
+    assert signed["ContentType"] == "text/plain"
+    bad = client_error(lambda: bob.get_object(Bucket=bobs, Key="page.html",
+                                              ResponseContentDisposition="a\r\nSet-Cookie: x=y"))
+    assert bad == ("InvalidArgument", 400)
+
+
 def test_put_object_acl_switches_between_private_and_public_read(gateway: Gateway, bob: BaseClient,
                                                                  bobs: str) -> None:
     bob.put_object(Bucket=bobs, Key="switch.txt", Body=b"switch")
