@@ -21,6 +21,7 @@ from aiohttp import web
 from prometheus_client.core import CounterMetricFamily
 from yarl import URL
 
+from node.disk import private_dir
 from node.fastpath import FastConn, FastPath, Request, Routes
 from node.fastpath import enabled_from_env as fast_path_enabled
 from node.logs import log_event, log_step, request_log
@@ -693,6 +694,7 @@ def make_app(config: ControlConfig) -> web.Application:
     app[OBSERVER].add_collector(lambda: control_metrics(app, epoch))
 
     async def open_db(app: web.Application) -> AsyncIterator[None]:
+        private_dir(config.data_dir)
         app[DB] = MetaDB(config.data_dir / "db", config.fsync, config.reserve_bytes)
         app[COMMIT] = GroupCommit(app[DB])
         filling = asyncio.ensure_future(fill_summaries(app[DB], app[COMMIT]))

@@ -3,8 +3,11 @@ reserve - writes that would leave less are refused with 507 (storage and control
 alike), so the disk never fills to the last byte under a node's own writes."""
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
+
+log = logging.getLogger("ecstore.disk")
 
 DEFAULT_RESERVE_FRACTION = 0.01            # refuse writes that would leave less free
 DEFAULT_RESERVE_MAX_BYTES = 1024 ** 3      # ... but never reserve more than 1 GiB
@@ -32,3 +35,16 @@ def disk_full_problem(free_bytes: int, reserve_bytes: int, writing_bytes: int = 
         return None
     return (f"disk full: {free_bytes} bytes free, {reserve_bytes} kept in reserve "
             "(writes refused with 507 until space is freed)")
+
+
+def private_dir(path: Path) -> None:
+    """Make a node's data directory, and keep it for the node's user only (0700): files a
+    node made before this version are 0644, and the directory's mode is what keeps other
+    local users from reading them (S3 secret keys in a control node's RocksDB files,
+    object data in volumes). A directory we cannot change (another owner): said, left."""
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        if path.stat().st_mode & 0o077:
+            path.chmod(0o700)
+    except OSError as exc:
+        log.warning("could not make %s private (mode 0700): %s", path, exc)

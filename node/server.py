@@ -284,6 +284,9 @@ def run(app: web.Application, host: str, port: int, reuse_port: bool = False,
     import uvloop
 
     obs = app.get(OBSERVER)
+    # what a node writes (volumes, RocksDB files holding S3 secret keys, scrub state) is
+    # for its own user only: files 0600, directories 0700 (see private_dir)
+    os.umask(0o077)
     configure_logging(obs.node_id if obs else "-",
                       obs.config.log_format if obs else log_format_from_env())
     limit = max_connections_from_env() if max_connections is None else max_connections
@@ -686,3 +689,4 @@ def env_number(name: str, default: float | None, unit: str) -> float | None:
         return float(text)
     except ValueError:
         raise SystemExit(f"{name} must be a number of {unit}, got {text!r}") from None
+

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 from aiohttp import web
 
 from node import zerocopy
-from node.disk import disk_full_problem
+from node.disk import disk_full_problem, private_dir
 from node.fastpath import FastPath, FragmentRoutes, send_cached_body
 from node.fastpath import enabled_from_env as fast_path_enabled
 from node.fragments import (
@@ -474,6 +474,7 @@ def make_app(config: StorageConfig) -> web.Application:
     app[SCRUB_STATS] = ScrubStats(Path(config.data_dir) / SCRUB_STATE_FILE)
 
     async def open_store(app: web.Application) -> AsyncIterator[None]:
+        private_dir(Path(config.data_dir))
         app[STORE] = await _in_thread(FragmentStore, config.data_dir, config.fsync,
                                       config.reserve_bytes, config.volume_bytes)
         # every volume is an open file: room for 1,024 more (a TiB of 1 GiB volumes) or

@@ -6,6 +6,7 @@ import os
 import queue
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -64,6 +65,23 @@ def test_cluster_json_names_every_node(workdir: Path) -> None:
     gw = data["gateway"]  # on by default, with one key pair
     assert gw["url"].startswith("http://127.0.0.1:") and len(gw["secret_key"]) >= 16
     assert gw["access_key"].isalnum() and gw["access_key"].isupper()
+
+
+def test_a_nodes_data_is_for_its_own_user_only(workdir: Path) -> None:
+    """Control nodes' RocksDB files hold the S3 secret keys, volumes the objects: they
+    were 0644 in 0755 directories, readable by every local user (a security review)."""
+    ecstore("mb", "private", cwd=workdir)
+    ecstore("put", "private/k", "-", cwd=workdir, stdin=b"x" * 200_000)
+    data = json.loads((workdir / ".ecstore" / "cluster.json").read_text())
+    for n in data["nodes"]:
+        if n["role"] == "gateway":
+            continue
+        root = Path(n["data"])
+        assert stat.S_IMODE(root.stat().st_mode) == 0o700, n["id"]
+        made = [p for p in root.rglob("*") if p.is_file()]
+        assert made, n["id"]
+        assert all(stat.S_IMODE(p.stat().st_mode) & 0o077 == 0 for p in made), \
+            [(str(p), oct(p.stat().st_mode)) for p in made if p.stat().st_mode & 0o077]
 
 
 def test_put_get_ls_head_rm(workdir: Path) -> None:
