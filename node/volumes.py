@@ -53,7 +53,7 @@ VOLUME_MAGIC = b"ECVOL001"
 VOLUME_HEADER = struct.Struct(">8s8sQ")     # magic, salt, seq when the volume was made
 RECORD_PREFIX = struct.Struct(">4sII")      # magic, header length, CRC-32 of salt + header
 MAX_HEADER_BYTES = 64 * 1024
-FRAGMENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
+FRAGMENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}\Z")
 
 
 def check_fragment_id(fid: str) -> str:

@@ -61,7 +61,7 @@ DEFAULT_GRACE_S = 3600.0
 FRAGMENT_BATCH = 64
 TOMBSTONE_BATCH = 32
 SCAN_PAGE = 10_000
-_FID = re.compile(r"^([0-9a-f]{32})\.\d+\.\d+$")
+_FID = re.compile(r"^([0-9a-f]{32})\.\d+\.\d+\Z")
 
 
 # ---- pure decisions ---------------------------------------------------------------------

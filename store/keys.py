@@ -15,8 +15,8 @@ from store.client import Client, new_version_id
 from store.errors import BadRequest, NotFound
 from store.names import KEYS_BUCKET
 
-USER_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
-ACCESS_KEY_RE = re.compile(r"^[A-Z0-9]{16,128}$")
+USER_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,64}\Z")
+ACCESS_KEY_RE = re.compile(r"^[A-Z0-9]{16,128}\Z")
 MAX_KEYS_LISTED = 10_000
 
 

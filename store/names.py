@@ -5,7 +5,7 @@ import re
 
 from store.errors import BadRequest
 
-BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]\Z")
 MAX_KEY_BYTES = 1024
 RESERVED_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")   # S3 reserves these
 RESERVED_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")

@@ -33,7 +33,7 @@ RESPONSE_OVERRIDES = {"response-content-type": "Content-Type",
                       "response-content-disposition": "Content-Disposition",
                       "response-content-encoding": "Content-Encoding"}
 MAX_DELETE_KEYS = 1000
-RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)$")
+RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)\Z")
 PART_NUMBER_RE = re.compile(r"[0-9]{1,5}")
 META_PREFIX = "x-amz-meta-"
 COPY_CONDITION_PREFIX = "x-amz-copy-source-if-"
