@@ -36,7 +36,7 @@ from node.s3.context import DEFAULT_SEGMENT_SLOTS, Gateway, GatewayConfig, S3Ctx
 from node.s3.errors import S3Error, access_denied, not_implemented, to_s3_error
 from node.s3.sigv2 import access_key_v2, authenticate_v2, is_v2
 from node.s3.sigv4 import AuthResult, authenticate
-from node.server import OBSERVER, install_observer, metrics, run
+from node.server import OBSERVER, PUBLISHED_SECRETS, install_observer, metrics, run
 from node.workers import (
     Heartbeat,
     Supervisor,
@@ -219,6 +219,8 @@ def make_app(config: GatewayConfig, observability: ObservabilityConfig | None = 
     install_observer(app, Observer(config.node_id, "gateway", config.secret,
                                    observability or observability_config()),
                      id_header="x-amz-request-id")  # on every answer, streamed ones too
+    app[PUBLISHED_SECRETS] = {"ECSTORE_SECRET": config.secret,
+                              "ECSTORE_S3_SECRET_KEY": config.admin_secret_key}
     app[OBSERVER].add_collector(lambda: client_metrics(app[GATEWAY].client if GATEWAY in app else None))
     app[OBSERVER].add_collector(lambda: worker_metrics(workers))
 

@@ -238,6 +238,20 @@ def malformed_signature_fields(h: Mapping[str, str], raw_path: str) -> str | Non
     return None
 
 
+DEMO_MARK = "CHANGE-ME"     # docker/ecstore.env's published demo values carry it
+# {what: value} of the secrets a node runs with, checked for DEMO_MARK once it listens
+PUBLISHED_SECRETS = web.AppKey("published_secrets", dict)
+
+
+def warn_if_demo(what: str, value: str) -> None:
+    """A warning, at every start, when a secret is one of the published demo values:
+    whoever read the repository holds it (the cluster's keys, its S3 admin)."""
+    if DEMO_MARK in value:
+        log_event(lifecycle_log, logging.WARNING, "demo secret",
+                  {"secret": what, "fix": "set your own in docker/ecstore.env (or the "
+                   "environment) before the port is reachable by anyone else"})
+
+
 def make_base_app(secret: str, max_body_bytes: int, node_id: str = "-", role: str = "node",
                   observability: ObservabilityConfig | None = None) -> web.Application:
     """An app with the observe, error and auth middlewares, GET /metrics, and a body limit
@@ -247,6 +261,7 @@ def make_base_app(secret: str, max_body_bytes: int, node_id: str = "-", role: st
                           client_max_size=max_body_bytes,
                           handler_args={"auto_decompress": False})
     app[SECRET_KEY] = secret
+    app[PUBLISHED_SECRETS] = {"ECSTORE_SECRET": secret}
     app[MAX_BODY] = max_body_bytes
     install_observer(app, Observer(node_id, role, secret, observability))
     app.router.add_get(METRICS_PATH, metrics, allow_head=False)
@@ -423,6 +438,8 @@ async def _serve(app: web.Application, host: str, port: int, reuse_port: bool,
                              f"{host}:{port}: {reason}") from None
         log_event(lifecycle_log, logging.INFO, "listening",
                   {"address": f"{host}:{port}", "pid": os.getpid()})
+        for what, value in app.get(PUBLISHED_SECRETS, {}).items():
+            warn_if_demo(what, value)
         if ready is not None:
             ready()
         await stop.wait()

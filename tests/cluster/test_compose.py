@@ -209,6 +209,18 @@ def test_put_and_get_through_the_s3_gateway_with_boto3(compose_cluster: ComposeR
     assert sorted(o["Key"] for o in listed) == sorted(stored)
 
 
+def test_every_node_says_it_runs_with_the_published_demo_secrets(compose_cluster: ComposeRun
+                                                                  ) -> None:
+    # docker/ecstore.env's values are in the repository: whoever read it holds the
+    # cluster's keys and the S3 admin's (a security review); each node says so at start
+    for name in ("control1", "storage1", "gateway"):
+        said = [ln for ln in compose_cluster.log(name).read_text(errors="replace").splitlines()
+                if "demo secret" in ln]
+        assert said and "WARNING" in said[0], name
+    gateway = compose_cluster.log("gateway").read_text(errors="replace")
+    assert "ECSTORE_S3_SECRET_KEY" in gateway and "ECSTORE_SECRET" in gateway
+
+
 def test_rerunning_init_is_idempotent(compose_cluster: ComposeRun) -> None:
     before = _maps(compose_cluster)
     compose_cluster.completed.discard("init")
