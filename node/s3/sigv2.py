@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from email.utils import parsedate_to_datetime
 
 from node.s3.errors import S3Error, access_denied
-from node.s3.sigv4 import UNSIGNED_PAYLOAD, AuthResult
+from node.s3.sigv4 import PRESIGN_MAX_EXPIRES_S, UNSIGNED_PAYLOAD, AuthResult
 
 # The query parameters that are part of the signed resource (botocore's list).
 SIGNED_SUBRESOURCES = frozenset({
@@ -81,6 +81,9 @@ def authenticate_v2(method: str, raw_path: str, query: Sequence[tuple[str, str]]
                                 "Expires and AWSAccessKeyId parameters") from None
         if expires < now_s:
             raise access_denied("Request has expired")
+        if expires > now_s + PRESIGN_MAX_EXPIRES_S:    # a link for ever (the year 2100 ...)
+            raise access_denied("Query-string authentication expires at most a week ahead "
+                                f"({PRESIGN_MAX_EXPIRES_S} s), as SigV4's does")
         when = str(expires)
     else:
         access_key, _, given = headers.get("Authorization", "")[4:].strip().rpartition(":")
