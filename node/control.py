@@ -21,7 +21,7 @@ from aiohttp import web
 from prometheus_client.core import CounterMetricFamily
 from yarl import URL
 
-from node.disk import private_dir
+from node.disk import disk_gauges, private_dir
 from node.fastpath import FastConn, FastPath, Request, Routes
 from node.fastpath import enabled_from_env as fast_path_enabled
 from node.logs import log_event, log_step, request_log
@@ -618,13 +618,7 @@ def control_metrics(app: web.Application, epoch: MapEpoch) -> Families:
 
 def disk_metrics(db: MetaDB) -> Families:
     """The database's disk and whether it takes writes."""
-    disk = db.disk()
-    yield gauge("ecstore_control_disk_free_bytes", "Free bytes on the metadata database's "
-                "disk (for unprivileged users).", disk["disk_free_bytes"])
-    yield gauge("ecstore_control_disk_total_bytes", "Size of the metadata database's disk.",
-                disk["disk_total_bytes"])
-    yield gauge("ecstore_control_reserve_bytes", "Free space kept: a write while less is "
-                "free is refused with 507.", db.reserve_bytes)
+    yield from disk_gauges("control", db.disk(), db.reserve_bytes, "metadata database's disk")
     yield gauge("ecstore_control_db_writable", "1 while the node takes metadata writes; 0 "
                 "while its disk is under the reserve or RocksDB refuses them after a failed "
                 "write (until it is reopened).", int(db.is_open and not db.problems()))

@@ -7,6 +7,8 @@ import logging
 import os
 from pathlib import Path
 
+from node.metrics import Families, gauge
+
 log = logging.getLogger("ecstore.disk")
 
 DEFAULT_RESERVE_FRACTION = 0.01            # refuse writes that would leave less free
@@ -48,3 +50,14 @@ def private_dir(path: Path) -> None:
             path.chmod(0o700)
     except OSError as exc:
         log.warning("could not make %s private (mode 0700): %s", path, exc)
+
+
+def disk_gauges(role: str, disk: dict[str, int], reserve_bytes: int, what: str) -> Families:
+    """The three disk gauges of a node role's /metrics - ecstore_<role>_disk_free_bytes,
+    _disk_total_bytes and _reserve_bytes - of `what` (the disk's name in their help)."""
+    return [gauge(f"ecstore_{role}_disk_free_bytes", f"Free bytes on the {what} (for "
+                  "unprivileged users).", disk["disk_free_bytes"]),
+            gauge(f"ecstore_{role}_disk_total_bytes", f"Size of the {what}.",
+                  disk["disk_total_bytes"]),
+            gauge(f"ecstore_{role}_reserve_bytes", "Free space kept: a write that would leave "
+                  "less is refused with 507.", reserve_bytes)]

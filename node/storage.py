@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 from aiohttp import web
 
 from node import zerocopy
-from node.disk import disk_full_problem, private_dir
+from node.disk import disk_full_problem, disk_gauges, private_dir
 from node.fastpath import FastPath, FragmentRoutes, send_cached_body
 from node.fastpath import enabled_from_env as fast_path_enabled
 from node.fragments import (
@@ -414,12 +414,7 @@ def storage_metrics(app: web.Application) -> Families:
                   fast.handovers)
     yield gauge("ecstore_storage_quarantined_fragments", "Fragment files in quarantine "
                 "(found corrupt by a reader or the scrubber).", store.quarantined)
-    yield gauge("ecstore_storage_disk_free_bytes", "Free bytes on the data disk (for "
-                "unprivileged users).", disk["disk_free_bytes"])
-    yield gauge("ecstore_storage_disk_total_bytes", "Size of the data disk.",
-                disk["disk_total_bytes"])
-    yield gauge("ecstore_storage_reserve_bytes", "Free space kept: a fragment that would "
-                "leave less is refused with 507.", store.reserve_bytes)
+    yield from disk_gauges("storage", disk, store.reserve_bytes, "data disk")
     yield from scrub_metrics(app[SCRUB_STATS])
 
 

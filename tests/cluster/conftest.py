@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cli.localcluster import LocalCluster
-from store.client import SyncClient
+from store.client import Client, SyncClient
 from store.transport import Transport
 
 
@@ -72,3 +72,14 @@ def replicas_hold(cluster: LocalCluster, bucket: str, keys: list[str]) -> bool:
         finally:
             await t.close()
     return asyncio.run(go())
+
+
+async def fill_bucket(c: Client, bucket: str, keys: list[str], parallel: int = 32) -> None:
+    """Make `bucket` and put each key with its own name as its bytes, `parallel` at once."""
+    await c.create_bucket(bucket)
+    sem = asyncio.Semaphore(parallel)
+
+    async def put(k: str) -> None:
+        async with sem:
+            await c.put(bucket, k, k.encode())
+    await asyncio.gather(*(put(k) for k in keys))

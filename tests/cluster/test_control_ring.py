@@ -16,6 +16,7 @@ import pytest
 from cli.localcluster import LocalCluster
 from store.client import Client, SyncClient
 from store.transport import quote_key
+from tests.cluster.conftest import fill_bucket
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,13 +57,7 @@ def many(cluster: LocalCluster) -> list[str]:
 
     async def go() -> None:
         async with Client.connect(cluster.path) as c:
-            await c.create_bucket("many")
-            sem = asyncio.Semaphore(32)
-
-            async def put(k: str) -> None:
-                async with sem:
-                    await c.put("many", k, k.encode())
-            await asyncio.gather(*(put(k) for k in keys))
+            await fill_bucket(c, "many", keys)
     asyncio.run(go())
     return keys
 

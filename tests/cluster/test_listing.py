@@ -15,7 +15,7 @@ from store.client import Client
 from store.listing import ListResult
 from store.wire import unpack
 from tests import scrape
-from tests.cluster.conftest import wait_for
+from tests.cluster.conftest import fill_bucket, wait_for
 
 
 def model(keys: list[str], prefix: str, delimiter: str, start_after: str,
@@ -50,13 +50,7 @@ def keys(cluster: LocalCluster) -> list[str]:
 
     async def fill() -> None:
         async with Client.connect(cluster.path) as c:
-            await c.create_bucket("many")
-            sem = asyncio.Semaphore(32)
-
-            async def put(k: str) -> None:
-                async with sem:
-                    await c.put("many", k, k.encode())
-            await asyncio.gather(*(put(k) for k in keys))
+            await fill_bucket(c, "many", keys)
             # delete a few so tombstones are in the merge
             for k in keys[::97]:
                 await c.delete("many", k)
