@@ -186,6 +186,13 @@ class Observer:
                         "(ECSTORE_MAX_CONNECTIONS).", cap.limit)
             yield counter("ecstore_http_connections_refused", "Connections refused with 503 "
                           "at the cap.", cap.refused_total)
+            heads = CounterMetricFamily(
+                "ecstore_http_heads_refused", "Request heads refused, the connection closed: "
+                "431 past MAX_REQUEST_HEAD_BYTES (size), 408 past the head timeout (timeout).",
+                labels=["reason"])
+            for reason, n in cap.heads_refused.items():
+                heads.add_metric([reason], n)
+            yield heads
 
     def request_done(self, request: BaseRequest, response: web.StreamResponse,
                      elapsed_s: float) -> None:

@@ -67,6 +67,12 @@ LISTEN_BACKLOG = 128
 MAX_REQUEST_LINE_BYTES = 8190      # method, path and query
 MAX_HEADER_FIELD_BYTES = 8190      # one header line
 MAX_HEADERS = 128                  # header lines per request
+# ConnectionCap's bounds on a whole request head (request line, headers, blank line), which
+# aiohttp's per-line limits above leave at ~1 MiB and untimed: past them 431 or 408
+MAX_REQUEST_HEAD_BYTES = 64 * 1024  # S3 user metadata is 2 KiB, ours 4 KiB (store.wire)
+REQUEST_HEAD_TIMEOUT_ENV = "ECSTORE_REQUEST_HEAD_TIMEOUT_S"
+REQUEST_HEAD_TIMEOUT_S = 10.0       # from a head's first byte (a new connection's accept)
+HEAD_SWEEP_EVERY_S = 1.0            # the heads' clock: a head times out within one more
 
 
 def json_error(exc: EcstoreError) -> web.Response:
@@ -307,10 +313,14 @@ def run(app: web.Application, host: str, port: int, reuse_port: bool = False,
     limit = max_connections_from_env() if max_connections is None else max_connections
     if limit < 1:
         raise ValueError(f"max_connections must be at least 1, got {limit}")
+    head_timeout_s = env_number(REQUEST_HEAD_TIMEOUT_ENV, REQUEST_HEAD_TIMEOUT_S, "seconds")
+    if head_timeout_s is None or not 0 < head_timeout_s <= KEEPALIVE_TIMEOUT_S:
+        raise SystemExit(f"{REQUEST_HEAD_TIMEOUT_ENV} must be over 0 and at most "
+                         f"{KEEPALIVE_TIMEOUT_S:g}, got {head_timeout_s}")
     _ensure_fd_limit(limit)
     uvloop.install()
     try:
-        asyncio.run(_serve(app, host, port, reuse_port, limit, front, ready))
+        asyncio.run(_serve(app, host, port, reuse_port, limit, front, ready, head_timeout_s))
     finally:  # the log writes in batches; a forked gateway worker ends with os._exit
         for handler in logging.getLogger().handlers:
             handler.flush()
@@ -397,7 +407,8 @@ class Allocator:
 
 async def _serve(app: web.Application, host: str, port: int, reuse_port: bool,
                  max_connections: int, front: Front | None = None,
-                 ready: Callable[[], None] | None = None) -> None:
+                 ready: Callable[[], None] | None = None,
+                 head_timeout_s: float = REQUEST_HEAD_TIMEOUT_S) -> None:
     """aiohttp's run_app, but listening through a ConnectionCap. Shutdown as run_app's:
     stop listening, close idle connections, give requests in flight SHUTDOWN_TIMEOUT_S."""
     loop = asyncio.get_running_loop()
@@ -422,10 +433,12 @@ async def _serve(app: web.Application, host: str, port: int, reuse_port: bool,
     listener: asyncio.AbstractServer | None = None
     allocator = Allocator()
     trimmer = asyncio.ensure_future(allocator.trim_loop()) if allocator.libc is not None else None
+    cap: ConnectionCap | None = None
     try:
         assert runner.server is not None
         factory: ProtocolFactory = runner.server
-        cap = ConnectionCap(factory if front is None else front.wrap(factory), max_connections)
+        cap = ConnectionCap(factory if front is None else front.wrap(factory), max_connections,
+                            head_timeout_s)
         if obs is not None:
             obs.cap = cap
         try:
@@ -449,6 +462,8 @@ async def _serve(app: web.Application, host: str, port: int, reuse_port: bool,
     finally:
         if trimmer is not None:
             trimmer.cancel()
+        if cap is not None:
+            cap.close()
         if listener is not None:
             listener.close()
         if front is not None:
@@ -507,7 +522,8 @@ def ensure_fd_limit_for_files(files: int) -> None:
 
 
 class ConnectionCap:
-    """A protocol factory that lets at most `limit` connections be open at once.
+    """A protocol factory that lets at most `limit` connections be open at once, and
+    bounds each request head's size and time.
 
     Past the limit, a new connection never reaches aiohttp or the app: it gets a fixed
     `503 Service Unavailable` (JSON `unavailable` body, `Retry-After: 1`,
@@ -515,9 +531,16 @@ class ConnectionCap:
     (closing with unread input would reset the connection before the client read the
     503), and it is closed. A slot is taken when the connection is accepted, not when
     its first byte arrives, so a burst of accepts cannot overshoot the limit.
+
+    An admitted connection's request heads (see _Forward) must be whole within
+    MAX_REQUEST_HEAD_BYTES (else `431`) and within `head_timeout_s` of their first byte,
+    the first one of the accept (else `408`); refused the same way, whatever front the
+    connection goes to. A clock of whole HEAD_SWEEP_EVERY_S ticks times them: a head
+    costs no timer of its own.
     """
 
-    def __init__(self, factory: ProtocolFactory, limit: int) -> None:
+    def __init__(self, factory: ProtocolFactory, limit: int,
+                 head_timeout_s: float = REQUEST_HEAD_TIMEOUT_S) -> None:
         self.factory, self.limit = factory, limit
         self.open = 0          # admitted connections not yet lost
         self.refusing = 0      # refused connections still lingering
@@ -525,8 +548,15 @@ class ConnectionCap:
         self.reply = refusal_reply(limit)
         self._refused_since_log = 0
         self._last_log = -math.inf
+        self.conns: set[_Forward] = set()
+        self.tick = 0          # HEAD_SWEEP_EVERY_S ticks since the first connection
+        self.head_timeout_ticks = max(1, math.ceil(head_timeout_s / HEAD_SWEEP_EVERY_S))
+        self.heads_refused = {reason: 0 for reason in HEAD_REPLIES}
+        self._sweeper: asyncio.Task[None] | None = None
 
     def __call__(self) -> asyncio.BaseProtocol:
+        if self._sweeper is None:
+            self._sweeper = asyncio.ensure_future(self._sweep())
         if self.open >= self.limit:
             self._log_refusal()
             return _Refusal(self)
@@ -535,6 +565,21 @@ class ConnectionCap:
         if isinstance(inner, asyncio.BufferedProtocol):
             return _AdmittedBuffered(self, inner)
         return _Admitted(self, inner)
+
+    async def _sweep(self) -> None:
+        """Refuse, with 408, the heads begun more than head_timeout_ticks ago (a head
+        started within a tick counts from its start: it has between the timeout and one
+        tick more)."""
+        while True:
+            await asyncio.sleep(HEAD_SWEEP_EVERY_S)
+            self.tick += 1
+            oldest = self.tick - self.head_timeout_ticks - 1
+            for conn in [c for c in self.conns if 0 <= c.head_tick <= oldest]:
+                conn.refuse_head("timeout")
+
+    def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
 
     def _log_refusal(self) -> None:
         self.refused_total += 1
@@ -555,24 +600,66 @@ def refusal_reply(limit: int) -> bytes:
     return head.encode() + body
 
 
+def head_reply(status: str, message: str) -> bytes:
+    """The whole HTTP answer to a request head over a bound (then the connection closes)."""
+    body = json.dumps(BadRequest(message).to_body()).encode()
+    head = (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+    return head.encode() + body
+
+
+HEAD_REPLIES = {
+    "size": head_reply("431 Request Header Fields Too Large",
+                       f"request head over {MAX_REQUEST_HEAD_BYTES} bytes"),
+    "timeout": head_reply("408 Request Timeout", "request head not received in time"),
+}
+HEAD_END = b"\r\n\r\n"
+# the headers that say where a request's body ends (or that it has no end we can follow)
+_FRAMING = re.compile(rb"\r\n(content-length|transfer-encoding|upgrade)[ \t]*:[ \t]*([^\r\n]*)",
+                      re.IGNORECASE)
+_UNTRACKED = 1 << 62       # `left` of a connection whose bodies cannot be followed
+_DROP = bytearray(4096)    # where a refused connection's bytes go (buffered protocols)
+
+
 class _Forward:
     """Passes every event to aiohttp's protocol (or the role's front); gives the slot
     back when the connection is lost (or, if it never connected, when this object is
-    collected)."""
+    collected).
+
+    On the way, it follows where request heads begin and end without parsing them
+    twice: `left` counts down the bytes of the body (by its Content-Length) being
+    received - the only work on a body's bytes, one comparison and one subtraction a
+    read - and between bodies it looks for the blank line ending the head, across
+    reads, counting the head's bytes and timing it (`head_tick`, -1: no head begun; the
+    cap's sweep reads it). A head with Transfer-Encoding or Upgrade, or a
+    Content-Length that is not plain digits, leaves the rest of the connection
+    unfollowed (`left` = _UNTRACKED): bounded, as before, by aiohttp's per-line limits
+    and its keep-alive timeout. aiohttp judges every head the same whatever this saw.
+    """
 
     def __init__(self, cap: ConnectionCap, inner: Any) -> None:
         self.cap, self.inner = cap, inner
         self.held = True
+        self.transport: Any = None
+        self.left = 0                       # body bytes still to come
+        self.head_tick = cap.tick           # a new connection's first head is timed
+        self.head: bytearray | None = None  # a head received in several reads, so far
+        self.refused = False
 
     def _release(self) -> None:
         if self.held:
             self.held = False
             self.cap.open -= 1
+            self.cap.conns.discard(self)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.cap.conns.add(self)   # for the heads' sweep; one never made is collected
         self.inner.connection_made(transport)
 
     def eof_received(self) -> bool | None:
+        if self.refused:
+            return False
         return self.inner.eof_received()
 
     def pause_writing(self) -> None:
@@ -588,23 +675,105 @@ class _Forward:
     def __del__(self) -> None:
         self._release()
 
+    def follow(self, buf: Any, end: int) -> bool:
+        """Follow the bodies and heads in buf[:end], a read more than `left` covers;
+        False when the connection is refused (its bytes are dropped)."""
+        if self.refused:
+            return False
+        if not isinstance(buf, (bytes, bytearray)):
+            buf = bytes(buf[:end])          # a memoryview, only if a front and we disagree
+        pos = 0
+        while pos < end:
+            if self.left:                   # a body (pipelined after a head in this read)
+                if self.left >= end - pos:
+                    self.left -= end - pos
+                    return True
+                pos, self.left = pos + self.left, 0
+            if self.head_tick < 0:          # a head's first byte
+                self.head_tick = self.cap.tick
+            head = self.head
+            if head is None:                # a head begins in this read
+                found = buf.find(HEAD_END, pos, end)
+                stop = found + 4 if found >= 0 else end
+                if stop - pos > MAX_REQUEST_HEAD_BYTES:
+                    return self.refuse_head("size")
+                if found < 0:
+                    self.head = bytearray(buf[pos:end])
+                    return True
+                self._head_done(buf, pos, stop)
+                pos = stop
+            else:                           # one begun in an earlier read goes on
+                had = len(head)
+                head += buf[pos:min(end, pos + MAX_REQUEST_HEAD_BYTES + 1 - had)]
+                found = head.find(HEAD_END, max(0, had - 3))
+                stop = found + 4 if found >= 0 else len(head)
+                if stop > MAX_REQUEST_HEAD_BYTES:
+                    return self.refuse_head("size")
+                if found < 0:
+                    return True
+                self.head = None
+                self._head_done(head, 0, stop)
+                pos += stop - had
+        return True
+
+    def _head_done(self, buf: bytes | bytearray, start: int, stop: int) -> None:
+        """A head is whole in buf[start:stop]: `left` is its body's length."""
+        self.head_tick = -1
+        length = 0
+        for m in _FRAMING.finditer(buf, start, stop):
+            value = m.group(2).rstrip(b" \t")
+            if m.group(1).lower() != b"content-length" or not value.isdigit() or (
+                    length and int(value) != length):
+                self.left = _UNTRACKED
+                return
+            length = int(value)
+        self.left = length
+
+    def refuse_head(self, reason: str) -> bool:
+        """Answer 431 or 408 and close, with the linger of a 503 (_Refusal); False."""
+        if self.refused or self.transport is None:
+            return False
+        self.refused, self.head, self.head_tick = True, None, -1
+        self.cap.heads_refused[reason] += 1
+        transport = self.transport
+        transport.write(HEAD_REPLIES[reason])
+        if transport.can_write_eof():
+            transport.write_eof()   # as _Refusal: read and drop until the client closes
+            asyncio.get_running_loop().call_later(REFUSAL_LINGER_S, transport.close)
+        else:
+            transport.close()
+        return False
+
 
 class _Admitted(_Forward, asyncio.Protocol):
     """An admitted connection of a protocol that takes its bytes as they come."""
 
     def data_received(self, data: bytes) -> None:
-        self.inner.data_received(data)
+        if self.left >= len(data):     # within a body: passed untouched
+            self.left -= len(data)
+            self.inner.data_received(data)
+        elif self.follow(data, len(data)):
+            self.inner.data_received(data)
 
 
 class _AdmittedBuffered(_Forward, asyncio.BufferedProtocol):
     """An admitted connection of a protocol that receives into its own buffers (uvloop
     treats a protocol as one only if it is not also an asyncio.Protocol)."""
 
+    buf: Any = None
+
     def get_buffer(self, sizehint: int) -> Any:
-        return self.inner.get_buffer(sizehint)
+        if self.refused:
+            return _DROP
+        self.buf = self.inner.get_buffer(sizehint)
+        return self.buf
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.inner.buffer_updated(nbytes)
+        if self.left >= nbytes:        # within a body: passed untouched
+            self.left -= nbytes
+            self.inner.buffer_updated(nbytes)
+        elif self.follow(self.buf, nbytes):
+            self.inner.buffer_updated(nbytes)
 
 
 class _Refusal(asyncio.Protocol):
