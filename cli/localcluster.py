@@ -274,6 +274,25 @@ class LocalCluster:
                                     stdin=subprocess.DEVNULL, start_new_session=True)
         self.procs[node_id] = proc
         n.pid = proc.pid
+        self._record_pid(node_id, proc.pid)
+
+    def _record_pid(self, node_id: str, pid: int) -> None:
+        """Put a started node's pid into cluster.json at once, and nothing else of this
+        object's view (another LocalCluster may have started other nodes since): a node
+        started again by one object and stopped through another (`ecstore cluster
+        down`, a test's LocalCluster.load(...).stop()) was left running, its pid unknown."""
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return              # not written yet: start() writes it whole
+        for spec in data.get("nodes", []):
+            if spec.get("id") == node_id:
+                spec["pid"] = pid
+                tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(data, indent=2) + "\n")
+                os.chmod(tmp, 0o600)
+                os.replace(tmp, self.path)
+                return
 
     def wait_healthy(self, node_ids: list[str], timeout_s: float = HEALTH_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout_s

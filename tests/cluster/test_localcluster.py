@@ -125,3 +125,25 @@ def test_a_gateway_whose_port_is_taken_is_not_healthy(tmp_path: Path) -> None:
                 cluster.wait_healthy(["gw1"], timeout_s=20)
         finally:
             cluster.stop()
+
+
+def test_a_node_started_again_by_one_object_is_stopped_by_another(tmp_path: Path) -> None:
+    # start_node kept the new pid in its own object only: a node started again through
+    # LocalCluster.load(...) and stopped through another load (as `ecstore cluster down`
+    # does) was left running - tests leaked whole clusters' nodes this way
+    cluster = LocalCluster.create(tmp_path, storage=6, control=1, gateway=False)
+    cluster.start()
+    try:
+        LocalCluster.load(tmp_path).kill_node("s1")
+        again = LocalCluster.load(tmp_path)
+        again.start_node("s1")
+        again.wait_healthy(["s1"])
+        pid = again.nodes["s1"].pid
+        assert pid_alive(pid) and LocalCluster.load(tmp_path).nodes["s1"].pid == pid
+    finally:
+        LocalCluster.load(tmp_path).stop()
+    for _ in range(100):
+        if not pid_alive(pid):
+            break
+        time.sleep(0.1)
+    assert not pid_alive(pid)
