@@ -8,12 +8,19 @@ from typing import Any, TypeVar
 
 from placement.cluster_map import ClusterMap
 from placement.nodes import Node
-from store.errors import EcstoreError, Unavailable, Unreachable, error_from_response
+from store.errors import (
+    EcstoreError,
+    InsufficientStorage,
+    Unavailable,
+    Unreachable,
+    error_from_response,
+)
 from store.transport import Transport, request_id
 from store.wire import pack, unpack
 
 META_TIMEOUT_S = 5.0
 MISS_WAIT_S = 0.1       # a read whose quorum found nothing waits this long for the others
+FULL_BACKOFF_S = 2.0    # a control node that answered a write 507 is not sent writes this long
 BATCH_PATHS = {"put": "/v1/objects", "get": "/v1/objects/read"}   # POST, node/control.py
 MAX_BATCH_ITEMS = 64
 MAX_BATCH_BYTES = 1024 * 1024
@@ -128,6 +135,9 @@ class MetaQuorum:
         self._outboxes: dict[tuple[str, str], _Outbox] = {}   # (kind, node address)
         # batch requests sent and the records in them, by kind ("put", "get")
         self.batch_stats = {"put": 0, "put_records": 0, "get": 0, "get_records": 0}
+        # a control node whose disk is full (507) is not sent writes for FULL_BACKOFF_S:
+        # each would be refused, and fill its log (reads still go to it)
+        self._full_until: dict[str, float] = {}
 
     def forget(self) -> None:
         """Drop the queues of an event loop that has stopped (their callers are gone)."""
@@ -143,10 +153,18 @@ class MetaQuorum:
             async def alone() -> None:
                 await self.t.request("PUT", node.address, path, body=body,
                                      timeout_s=META_TIMEOUT_S)
-            if object_name is None:
-                await alone()
-            else:
-                await self._batched("put", node, [*object_name, body], alone)
+            full = self._full_until.get(node.address)
+            if full is not None and full > time.monotonic():
+                raise InsufficientStorage(f"{node.id}: disk full (it answered 507 less than "
+                                          f"{FULL_BACKOFF_S:g} s ago)")
+            try:
+                if object_name is None:
+                    await alone()
+                else:
+                    await self._batched("put", node, [*object_name, body], alone)
+            except InsufficientStorage:
+                self._full_until[node.address] = time.monotonic() + FULL_BACKOFF_S
+                raise
 
         tasks = [asyncio.ensure_future(one(n)) for n in nodes]
         return await self._quorum(tasks, needed, "write", path, nodes)

@@ -99,6 +99,12 @@ def _trip(c: LocalCluster, node: str) -> None:
     assert _status(c, node)["db_error"], "RocksDB itself did not fail the write"
 
 
+def _refusals_logged(c: LocalCluster, node: str) -> int:
+    """Request lines of writes the node answered 507."""
+    text = (c.dir / "logs" / f"{node}.log").read_text(errors="replace")
+    return sum(1 for ln in text.splitlines() if "status=507" in ln and "request" in ln)
+
+
 def _status(c: LocalCluster, node: str) -> dict[str, Any]:
     value: dict[str, Any] = json.loads(signed_request(c.secret, "GET", c.nodes[node].url,
                                                       "/v1/status"))
@@ -148,8 +154,14 @@ def test_one_full_control_node_refuses_writes_with_507_serves_reads_and_recovers
         assert status == 200 and unpack(raw)["version_id"]
         # W=2 of 3: puts and overwrites go on through the other two
         during = {f"d{i}": os.urandom(300 + i) for i in range(10)}
+        refused_before = _refusals_logged(c, "c1")
+        started = time.monotonic()
         for k, v in {**during, "b0": b"overwritten"}.items():
             client.put("cfull", k, v)
+        # ... and a client does not send c1 a write it will refuse for 2 s after a 507
+        # (each put was refused and logged there: ~2 lines a put, a flood in a busy hour)
+        time.sleep(0.5)     # INFO and WARNING lines alike are out within 0.2 s
+        assert _refusals_logged(c, "c1") - refused_before <= 2 + (time.monotonic() - started) / 2
         for k, v in {**before, **during, "b0": b"overwritten"}.items():
             assert client.get("cfull", k) == v
 
