@@ -37,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
 
 from node.disk import default_reserve_bytes, disk_full_problem, disk_space
 from store import listing
@@ -130,9 +130,21 @@ class MetaDB:
         path.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.reserve_bytes = default_reserve_bytes(path) if reserve_bytes is None else reserve_bytes
-        self._rdict: Rdict | None = self._open()
         self.failed: str | None = None
         self.failed_at = 0.0          # when (unix s)
+        try:
+            self._rdict: Rdict | None = self._open()
+        except Exception as exc:  # rocksdict raises Exception with RocksDB's status text
+            if not _no_space(str(exc)):
+                raise
+            # A full disk: RocksDB cannot open for writing (it appends to its MANIFEST),
+            # so the node would not start and its replicas' reads were lost with it.
+            # Read-only, it serves reads; writes get 507 until recover() reopens it.
+            self._rdict = Rdict(str(path), Options(raw_mode=True),
+                                access_type=AccessType.read_only())
+            self.failed, self.failed_at = str(exc), time.time()
+            log.error("metadata database opened read-only, its disk is full (writes refused "
+                      "with 507 until space is freed): %s", exc)
         self.reopens = 0              # times reopen() brought writes back
         self.write_opts = WriteOptions()
         self.write_opts.sync = sync

@@ -298,3 +298,41 @@ def test_metadb_refuses_writes_under_its_reserve_and_reopens_after_enospc(
     finally:
         gc.collect()
         unmount(disk)
+
+
+def test_metadb_opens_read_only_on_a_full_disk_and_reopens_for_writes(tmp_path: Path) -> None:
+    """A control node restarted while its disk is full (a crash, an upgrade, a reboot):
+    RocksDB cannot open for writing (it appends to its MANIFEST), so the node did not
+    start at all and its replicas' reads were gone with it. It opens read-only now:
+    reads go on, writes are refused with 507, and recover() reopens it for writes once
+    the disk takes them again."""
+    disk = tmp_path / "disk"
+    why = mount_tmpfs(disk, 8)
+    if why is not None:
+        pytest.skip(why)
+
+    async def go() -> None:
+        db = MetaDB(disk / "db", sync=True, reserve_bytes=0)
+        db.write({b"k%d" % i: os.urandom(1000) for i in range(500)}, True)
+        db.close()
+        filler = fill(disk, 0)
+        db = MetaDB(disk / "db", sync=True, reserve_bytes=0)   # raised before: no node
+        commit = GroupCommit(db)
+        try:
+            assert db.failed is not None and len(db.db.get(b"k7")) == 1000
+            with pytest.raises(InsufficientStorage):
+                db.write({b"new": b"1"}, True)
+            assert not await commit.recover()       # still full
+            filler.unlink()
+            assert await commit.recover()
+            db.write({b"new": b"1"}, True)
+            assert db.failed is None and db.db.get(b"new") == b"1"
+            assert len(db.db.get(b"k7")) == 1000
+        finally:
+            await commit.drained()
+            db.close()
+    try:
+        asyncio.run(go())
+    finally:
+        gc.collect()
+        unmount(disk)
