@@ -8,7 +8,6 @@ held (a control node whose volume was wiped gets it back).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 import urllib.error
@@ -162,16 +161,15 @@ def check_identities(secret: str, control: list[NodeArg], storage: list[NodeArg]
     URLs swapped on the command line put each node's fragments where readers never
     look: both used to pass a bootstrap that asked only the control nodes. Raises one
     error naming every node that fails (BadRequest: a mistake in the topology)."""
-    from cli.localcluster import signed_request
+    from cli.localcluster import not_itself, signed_request
 
     problems: list[str] = []
     refused: list[str] = []
     for role, nodes in (("control", control), ("storage", storage)):
         for n in nodes:
             try:
-                status = json.loads(signed_request(secret, "GET", n.url, "/v1/status",
-                                                   timeout_s=HEALTH_TIMEOUT_S * 5))
-                answered = (status.get("role"), status.get("node_id"))
+                body = signed_request(secret, "GET", n.url, "/v1/status",
+                                      timeout_s=HEALTH_TIMEOUT_S * 5)
             except urllib.error.HTTPError as exc:
                 if exc.code == 401:
                     refused.append(f"{role} node {n.id} ({n.url})")
@@ -179,12 +177,12 @@ def check_identities(secret: str, control: list[NodeArg], storage: list[NodeArg]
                     problems.append(f"{role} node {n.id} ({n.url}) answered HTTP {exc.code}: "
                                     f"{_body(exc)}")
                 continue
-            except (OSError, ValueError, AttributeError) as exc:
+            except OSError as exc:
                 problems.append(f"{role} node {n.id} ({n.url}) did not say who it is: {exc}")
                 continue
-            if answered != (role, n.id):
-                problems.append(f"{n.url} answers as {answered[0]} node {answered[1]}, not as "
-                                f"{role} node {n.id}")
+            problem = not_itself(body, n.url, role, n.id)
+            if problem is not None:
+                problems.append(problem)
     if len(refused) == len(control) + len(storage):
         raise Unauthorized("every node refused the signed request: the cluster secret is not "
                            "the one the nodes were started with")

@@ -116,11 +116,21 @@ def pid_alive(pid: int | None) -> bool:
         return done == 0
     except ChildProcessError:
         pass
-    try:  # so is another process's zombie (a node of a foreground `cluster up` that died)
+    # so is another process's zombie (a node of a foreground `cluster up` that died)
+    stat = proc_stat(pid)
+    if stat is None:
+        return True                        # no /proc: kill(0) is all we know
+    return stat[0] not in ("Z", "X")
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command's name - state, ppid, ... (fields 3
+    on) - or None where it cannot be read."""
+    try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return True                        # no /proc: kill(0) is all we know
-    return stat[stat.rfind(")") + 2:][:1] not in ("Z", "X")
+        return None
+    return stat[stat.rfind(")") + 2:].split()
 
 
 def _answered_by(pid: object, started: int, role: str) -> bool:
@@ -135,10 +145,10 @@ def _answered_by(pid: object, started: int, role: str) -> bool:
     if pid is None:
         return True
     try:
-        stat = Path(f"/proc/{int(str(pid))}/stat").read_text()
-    except (OSError, ValueError):
+        stat = proc_stat(int(str(pid)))
+    except ValueError:
         return False
-    return stat[stat.rfind(")") + 2:].split()[1] == str(started)   # field 4: the ppid
+    return stat is not None and stat[1] == str(started)   # the ppid
 
 
 @dataclass
@@ -247,7 +257,11 @@ class LocalCluster:
             "cold_k": self.cold_k, "cold_m": self.cold_m,
             "nodes": [n.to_json() for n in self.nodes.values()],
         }
-        tmp = self.path.with_suffix(".tmp")
+        self._replace_file(data)
+
+    def _replace_file(self, data: dict[str, Any]) -> None:
+        """cluster.json as `data`, whole or not at all, mode 0600 (it holds the secret)."""
+        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data, indent=2) + "\n")
         os.chmod(tmp, 0o600)
         os.replace(tmp, self.path)
@@ -288,10 +302,7 @@ class LocalCluster:
         for spec in data.get("nodes", []):
             if spec.get("id") == node_id:
                 spec["pid"] = pid
-                tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_text(json.dumps(data, indent=2) + "\n")
-                os.chmod(tmp, 0o600)
-                os.replace(tmp, self.path)
+                self._replace_file(data)
                 return
 
     def wait_healthy(self, node_ids: list[str], timeout_s: float = HEALTH_TIMEOUT_S) -> None:
@@ -460,6 +471,21 @@ def signed_request(secret: str, method: str, url: str, path: str, body: bytes = 
                                  headers=headers)
     with urllib.request.urlopen(req, timeout=timeout_s) as r:
         return bytes(r.read())
+
+
+def not_itself(body: bytes | bytearray, url: str, role: str, node_id: str) -> str | None:
+    """Why a node's /v1/status answer (`body`) is not that of `role` node `node_id` (None
+    when it is): `ring add` and `cluster bootstrap` ask a node who it is before they
+    give it placements."""
+    try:
+        status = json.loads(body)
+        answered = (status.get("role"), status.get("node_id"))
+    except (ValueError, AttributeError):
+        answered = (None, None)
+    if answered == (role, node_id):
+        return None
+    what = f"{answered[0]} node {answered[1]}" if answered[0] else "something else"
+    return f"{url} answers as {what}, not as {role} node {node_id}"
 
 
 def node_health(url: str, timeout_s: float = 1.0) -> str | None:

@@ -147,21 +147,18 @@ async def _refuse_unreachable(c: Client, node: Node, role: str) -> None:
     secret as `role` node `node_id`: a typo in a URL, a node not started yet or started
     with another secret would otherwise get its share of placements, and every write
     and rebalance move to it would fail."""
+    from cli.localcluster import not_itself
+
     node_id, url = node.id, node.address
     try:
         reply = await c.t.request("GET", url.rstrip("/"), "/v1/status", timeout_s=5.0)
-        status = json.loads(reply.body)
-        answered = (status.get("role"), status.get("node_id"))
     except EcstoreError as exc:
         raise BadRequest(f"refused: {role} node {node_id} at {url} does not answer ("
                          f"{exc.message}): start it first, with this cluster's secret; "
                          "--force adds it anyway") from None
-    except (ValueError, AttributeError):
-        answered = (None, None)
-    if answered != (role, node_id):
-        what = f"{answered[0]} node {answered[1]}" if answered[0] else "something else"
-        raise BadRequest(f"refused: {url} answers as {what}, not as {role} node {node_id}; "
-                         "--force adds it anyway")
+    problem = not_itself(reply.body, url, role, node_id)
+    if problem is not None:
+        raise BadRequest(f"refused: {problem}; --force adds it anyway")
 
 
 def _refuse_fewer_replicas(cmap: ClusterMap, old: Any, ring: Any, node_id: str) -> None:

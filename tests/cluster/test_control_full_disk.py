@@ -8,7 +8,6 @@ filesystems (tmpfs with a size limit) mounted on the control nodes' data directo
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import os
 import shutil
@@ -30,7 +29,7 @@ from store.client import SyncClient
 from store.errors import InsufficientStorage, NotFound, Unavailable
 from store.wire import pack, unpack
 from tests.cluster.conftest import wait_for
-from tests.cluster.tmpfs import MiB, fill, free_bytes, mount_tmpfs, unmount
+from tests.cluster.tmpfs import MiB, fill, free_bytes, mount_tmpfs, tmpfs_disk, unmount
 
 ROOT = Path(__file__).resolve().parents[2]
 DISK_MIB = 16
@@ -252,9 +251,6 @@ def test_metadb_refuses_writes_under_its_reserve_and_reopens_after_enospc(
     is freed; without one, RocksDB's own ENOSPC makes every later write fail - reads
     go on - until GroupCommit.recover() reopens it once the disk takes writes again."""
     disk = tmp_path / "disk"
-    why = mount_tmpfs(disk, 4)
-    if why is not None:
-        pytest.skip(why)
 
     async def go() -> None:
         db = MetaDB(disk / "db", sync=True, reserve_bytes=MiB)
@@ -293,11 +289,8 @@ def test_metadb_refuses_writes_under_its_reserve_and_reopens_after_enospc(
         finally:
             await commit.drained()
             db.close()
-    try:
+    with tmpfs_disk(disk, 4):
         asyncio.run(go())
-    finally:
-        gc.collect()
-        unmount(disk)
 
 
 def test_metadb_opens_read_only_on_a_full_disk_and_reopens_for_writes(tmp_path: Path) -> None:
@@ -307,9 +300,6 @@ def test_metadb_opens_read_only_on_a_full_disk_and_reopens_for_writes(tmp_path: 
     reads go on, writes are refused with 507, and recover() reopens it for writes once
     the disk takes them again."""
     disk = tmp_path / "disk"
-    why = mount_tmpfs(disk, 8)
-    if why is not None:
-        pytest.skip(why)
 
     async def go() -> None:
         db = MetaDB(disk / "db", sync=True, reserve_bytes=0)
@@ -331,8 +321,5 @@ def test_metadb_opens_read_only_on_a_full_disk_and_reopens_for_writes(tmp_path: 
         finally:
             await commit.drained()
             db.close()
-    try:
+    with tmpfs_disk(disk, 8):
         asyncio.run(go())
-    finally:
-        gc.collect()
-        unmount(disk)

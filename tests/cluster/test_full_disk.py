@@ -20,7 +20,7 @@ from node.fragments import FragmentStore
 from store.client import SyncClient, expected_fragment_nodes
 from store.errors import InsufficientStorage
 from store.striping import fragment_id
-from tests.cluster.tmpfs import mount_tmpfs, unmount
+from tests.cluster.tmpfs import mount_tmpfs, tmpfs_disk, unmount
 
 MiB = 1024 * 1024
 DISK_MIB = 20
@@ -150,12 +150,8 @@ def test_enospc_mid_write_leaves_no_half_fragment(tmp_path: Path) -> None:
     even once the store is opened again), every stored fragment still verifies, and a put
     fits again once one is deleted and its space compacted away. Volumes of 1 MiB: each
     fragment gets one of its own, which compaction can delete."""
-    disk = tmp_path / "disk"
-    why = mount_tmpfs(disk, 4)
-    if why is not None:
-        pytest.skip(why)
     store: FragmentStore | None = None
-    try:
+    with tmpfs_disk(tmp_path / "disk", 4) as disk:
         store = FragmentStore(disk, fsync=True, reserve_bytes=0, volume_bytes=MiB)
         body = os.urandom(700 * 1024)
         checksum = hashlib.sha256(body).hexdigest()
@@ -180,22 +176,14 @@ def test_enospc_mid_write_leaves_no_half_fragment(tmp_path: Path) -> None:
         assert store.list("", 100) == kept      # the half-written one did not come back
         for fid in kept:
             assert bytes(store.read(fid).body) == body
-    finally:
         store = None    # its volume files closed, so the disk can be unmounted
-        gc.collect()
-        unmount(disk)
 
 
 def test_a_disk_smaller_than_a_quarter_volume_gets_deleted_space_back(tmp_path: Path) -> None:
     """The volume still appended to was compacted only once it held a quarter of a
     volume (256 MiB by default): on a smaller disk deletions never freed space and the
     node stayed full for good. Now an eighth of the disk is enough."""
-    disk = tmp_path / "disk"
-    why = mount_tmpfs(disk, 8)
-    if why is not None:
-        pytest.skip(why)
-    store: FragmentStore | None = None
-    try:
+    with tmpfs_disk(tmp_path / "disk", 8) as disk:
         store = FragmentStore(disk, fsync=False, reserve_bytes=MiB)   # 1 GiB volumes
         body = os.urandom(512 * 1024)
         checksum = hashlib.sha256(body).hexdigest()
@@ -210,7 +198,4 @@ def test_a_disk_smaller_than_a_quarter_volume_gets_deleted_space_back(tmp_path: 
         for i in range(5):          # room again
             store.put(f"g{i}.0.0", body, checksum, {})
         assert bytes(store.read(stored[0]).body) == body
-    finally:
-        store = None    # its volume files closed, so the disk can be unmounted
-        gc.collect()
-        unmount(disk)
+        del store       # its volume files closed, so the disk can be unmounted

@@ -2,10 +2,15 @@
 node's data directory (root only), and a filler file that takes its free space."""
 from __future__ import annotations
 
+import contextlib
 import errno
+import gc
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 MiB = 1024 * 1024
 
@@ -20,6 +25,21 @@ def mount_tmpfs(path: Path, size_mib: int) -> str | None:
     if r.returncode != 0:
         return f"mount -t tmpfs failed here: {r.stderr.strip()}"
     return None
+
+
+@contextlib.contextmanager
+def tmpfs_disk(path: Path, size_mib: int) -> Iterator[Path]:
+    """A tmpfs of size_mib on `path` for the block - the test skipped, saying why, where
+    one cannot be mounted - unmounted after (lazily: a store a failed test left open
+    goes with its last reference)."""
+    why = mount_tmpfs(path, size_mib)
+    if why is not None:
+        pytest.skip(why)
+    try:
+        yield path
+    finally:
+        gc.collect()
+        unmount(path)
 
 
 def unmount(path: Path) -> None:
