@@ -22,6 +22,7 @@ from store.listing import PAST_PREFIX, ListResult
 from store.names import check_bucket_name
 
 MAX_LIST_KEYS = 1000
+MAX_LIST_BUCKETS = 10000   # ListBuckets max-buckets, and its page when a page is asked for
 TOKEN_MAC_BYTES = 12   # 96 bits: a token nobody made is refused
 # a region's name (us-west-2, eu-central-1, us-gov-west-1, ...) or S3's old "EU"
 REGION_RE = re.compile(r"EU|[a-z]{2}(-[a-z]+)+-[0-9]{1,2}")
@@ -35,12 +36,40 @@ def xml_response(body: bytes, status: int = 200) -> web.Response:
 async def list_buckets(ctx: S3Ctx) -> web.StreamResponse:
     if ctx.user is None:
         raise access_denied()
-    rows = [r for r in await ctx.client.list_bucket_records() if bucket_owner(r) == ctx.user]
+    q = ctx.query
+    prefix = q.get("prefix", "")
+    region = ctx.gw.config.region
+    after = token_decode(q["continuation-token"], ctx.gw.config.secret) \
+        if q.get("continuation-token") else ""
+    paged = any(n in q for n in ("max-buckets", "continuation-token", "prefix", "bucket-region"))
+    limit = _max_buckets(q.get("max-buckets")) if paged else None
+    rows = sorted((r for r in await ctx.client.list_bucket_records()
+                   if bucket_owner(r) == ctx.user and r["name"].startswith(prefix)
+                   and r["name"] > after and q.get("bucket-region", region) == region),
+                  key=lambda r: r["name"])
+    more = limit is not None and len(rows) > limit
+    rows = rows[:limit]
     items = [el("Bucket", [el("Name", r["name"]),
-                           el("CreationDate", iso8601(int(r.get("created", 0) * 1e9)))])
+                           el("CreationDate", iso8601(int(r.get("created", 0) * 1e9))),
+                           el("BucketRegion", region)])
              for r in rows]
-    return xml_response(doc("ListAllMyBucketsResult", owner_xml(ctx.user),
-                            el("Buckets", items)))
+    parts = [owner_xml(ctx.user), el("Buckets", items)]
+    if more:
+        parts.append(el("ContinuationToken", token_encode(rows[-1]["name"],
+                                                          ctx.gw.config.secret)))
+    if "prefix" in q:
+        parts.append(el("Prefix", prefix))
+    return xml_response(doc("ListAllMyBucketsResult", *parts))
+
+
+def _max_buckets(raw: str | None) -> int:
+    """ListBuckets' max-buckets: 1 to 10,000 as on S3, its page size when not given."""
+    if raw is None:
+        return MAX_LIST_BUCKETS
+    if not re.fullmatch(r"[0-9]{1,5}", raw) or not 1 <= int(raw) <= MAX_LIST_BUCKETS:
+        raise S3Error("InvalidArgument", "Argument max-buckets must be an integer between 1 "
+                      f"and {MAX_LIST_BUCKETS}")
+    return int(raw)
 
 
 async def create_bucket(ctx: S3Ctx) -> web.StreamResponse:

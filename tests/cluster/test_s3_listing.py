@@ -341,3 +341,36 @@ def test_aws_s3api_reports_s3_errors(aws: AwsCli) -> None:
     assert proc.returncode != 0 and "404" in proc.stderr
     proc = aws("s3api", "get-object", "--bucket", "no-such-bucket-here", "--key", "k", "/dev/null", ok=False)
     assert proc.returncode != 0 and "NoSuchBucket" in proc.stderr
+
+
+def test_list_buckets_pages_with_max_buckets_and_prefix(s3: BaseClient, gateway: Gateway) -> None:
+    """ListBuckets takes max-buckets, continuation-token, prefix and bucket-region as S3
+    does (it listed every bucket whatever it was asked)."""
+    names = [f"lbpage-{i:02d}" for i in range(7)]
+    for n in names:
+        s3.create_bucket(Bucket=n)
+    s3.create_bucket(Bucket="lbother")
+    pages, token = [], None
+    for _ in range(10):   # bounded: 7 buckets in pages of 3
+        kw: dict[str, Any] = {"MaxBuckets": 3, "Prefix": "lbpage-"}
+        if token:
+            kw["ContinuationToken"] = token
+        r = s3.list_buckets(**kw)
+        pages.append([b["Name"] for b in r["Buckets"]])
+        assert r["Prefix"] == "lbpage-"
+        assert all(b["BucketRegion"] == s3.meta.region_name for b in r["Buckets"])
+        token = r.get("ContinuationToken")
+        if not token:
+            break
+    assert pages == [names[0:3], names[3:6], names[6:7]]
+    assert [b["Name"] for b in s3.list_buckets(Prefix="lbo")["Buckets"]] == ["lbother"]
+    assert s3.list_buckets(BucketRegion="xx-nowhere-1", Prefix="lb")["Buckets"] == []
+    every = [b["Name"] for b in s3.list_buckets()["Buckets"]]   # unpaged: all, no token
+    assert set(names) | {"lbother"} <= set(every)
+    for bad in ("0", "10001", "-1", "3x", "%EF%BC%93"):   # boto3 refuses some before sending
+        resp = raw_request(gateway, "GET", "/", f"max-buckets={bad}")
+        assert resp.status == 400 and b"<Code>InvalidArgument</Code>" in resp.body, bad
+    assert client_error(lambda: s3.list_buckets(ContinuationToken="bm90IG91cnM=")) \
+        == ("InvalidArgument", 400)
+    for n in names + ["lbother"]:
+        s3.delete_bucket(Bucket=n)
