@@ -15,8 +15,9 @@ from node.s3.body import RunningChecksum
 from node.s3.errors import S3Error, access_denied, not_implemented
 from node.s3.sigv4 import AuthResult
 from store.client import Client
-from store.errors import NotFound
+from store.errors import BadRequest, NotFound
 from store.keys import lookup_key
+from store.names import check_bucket_name
 
 KEY_CACHE_TTL_S = 5.0          # a new or deleted key takes effect within this
 BUCKET_CACHE_TTL_S = 2.0       # bucket records (owner, acl) are trusted this long
@@ -85,6 +86,10 @@ class Gateway:
         if hit is not None and hit[0] > time.monotonic():
             rec = hit[1]
         else:
+            try:
+                check_bucket_name(name)
+            except BadRequest:   # as S3 answers it, for any operation on the bucket
+                raise S3Error("InvalidBucketName", "The specified bucket is not valid.") from None
             try:
                 rec = await self.client.bucket_record(name)
             except NotFound:

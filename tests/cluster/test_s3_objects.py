@@ -56,6 +56,20 @@ def test_invalid_bucket_names_are_refused(s3: BaseClient, name: str) -> None:
     assert name not in [b["Name"] for b in s3.list_buckets()["Buckets"]]
 
 
+@pytest.mark.parametrize("method,path,query", [
+    ("GET", "/Bad_Bucket/k", ""), ("HEAD", "/Bad_Bucket/k", ""), ("PUT", "/Bad_Bucket/k", ""),
+    ("DELETE", "/Bad_Bucket/k", ""), ("GET", "/Bad_Bucket", "list-type=2"),
+    ("GET", "/_ops/k", ""),   # an internal namespace of ours is not an S3 bucket name either
+])
+def test_object_operations_on_an_invalid_bucket_name_are_invalid_bucket_name(
+        gateway: Gateway, method: str, path: str, query: str) -> None:
+    """As S3 answers them (they were InvalidArgument, the client library's refusal)."""
+    resp = raw_request(gateway, method, path, query, b"x" if method == "PUT" else b"")
+    assert resp.status == 400
+    if method != "HEAD":
+        assert resp.code == "InvalidBucketName", resp.body
+
+
 @pytest.mark.parametrize("name", ["abc", "a" * 63, "my.bucket-1", "0digit-first", "a.b.c"])
 def test_bucket_names_at_the_edges_of_the_rules_are_accepted(s3: BaseClient, name: str) -> None:
     s3.create_bucket(Bucket=name)
