@@ -17,7 +17,7 @@ import asyncio
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from store.client import Client, Source, new_version_id
@@ -48,6 +48,7 @@ class PartInfo:
     size: int
     etag: str          # hex MD5 of the part's bytes, no quotes
     ts: int
+    checksums: dict[str, str] = field(default_factory=dict)   # with_checksums: S3's, by algorithm
 
 
 def upload_key(bucket: str, upload_id: str) -> str:
@@ -137,14 +138,24 @@ async def put_part(c: Client, bucket: str, upload_id: str, number: int, source: 
     return PartInfo(number, ext["size"], etag, record["ts"])
 
 
-async def list_parts(c: Client, upload_id: str, after: int = 0,
-                     max_parts: int = 1000) -> tuple[list[PartInfo], bool]:
-    """Parts numbered above `after`, ascending: (parts, truncated)."""
+async def list_parts(c: Client, upload_id: str, after: int = 0, max_parts: int = 1000,
+                     with_checksums: bool = False) -> tuple[list[PartInfo], bool]:
+    """Parts numbered above `after`, ascending: (parts, truncated). `with_checksums`: each
+    part's checksums too (S3's ListParts), read from its record - a listing carries none."""
     page = await c.list_namespace(PARTS_BUCKET, prefix=f"{upload_id}/",
                                   start_after=part_key(upload_id, after) if after else "",
                                   max_keys=max_parts)
     parts = [PartInfo(int(o.key.rsplit("/", 1)[1]), o.size, o.etag or "", o.ts)
              for o in page.objects]
+    if with_checksums and parts:
+        sem = asyncio.Semaphore(MAX_PARALLEL_READS)
+
+        async def read(p: PartInfo) -> PartInfo:
+            async with sem:
+                rec = await c.read_record(PARTS_BUCKET, part_key(upload_id, p.number))
+            kept = rec.get("checksums") if rec is not None and not rec["deleted"] else None
+            return PartInfo(p.number, p.size, p.etag, p.ts, dict(kept)) if kept else p
+        parts = list(await asyncio.gather(*(read(p) for p in parts)))
     return parts, page.truncated
 
 

@@ -226,14 +226,19 @@ async def list_parts(ctx: S3Ctx) -> web.StreamResponse:
     up = await _upload(ctx)
     marker = _int_query(ctx, "part-number-marker", 0)
     max_parts = min(_int_query(ctx, "max-parts", MAX_LISTED), MAX_LISTED)
-    parts, truncated = (await mp.list_parts(ctx.client, ctx.query["uploadId"], marker, max_parts)
+    parts, truncated = (await mp.list_parts(ctx.client, ctx.query["uploadId"], marker, max_parts,
+                                            with_checksums=True)
                         if max_parts else ([], False))
     owner = bucket_owner(brec)
     items = [el("Part", [el("PartNumber", p.number), el("LastModified", iso8601(p.ts)),
-                         el("ETag", f'"{p.etag}"'), el("Size", p.size)]) for p in parts]
+                         el("ETag", f'"{p.etag}"'), el("Size", p.size),
+                         *checksum_elements(p.checksums)]) for p in parts]
+    checksum = sums.of_upload(up)
     head = [el("Bucket", ctx.bucket), el("Key", ctx.key), el("UploadId", ctx.query["uploadId"]),
             owner_xml(owner, "Initiator"), owner_xml(owner),
             el("StorageClass", up["fields"].get("storage_class") or "STANDARD"),
+            *([el("ChecksumAlgorithm", checksum.header_value()),
+               el("ChecksumType", checksum.type)] if checksum else []),
             el("PartNumberMarker", marker),
             el("MaxParts", max_parts), el("IsTruncated", truncated)]
     if truncated:

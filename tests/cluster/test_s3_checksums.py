@@ -103,6 +103,25 @@ def test_complete_head_and_get_answer_the_object_checksum_s3_makes(
     assert part2["Body"].read() == parts[1]
 
 
+@pytest.mark.parametrize("algorithm", ["CRC32", "SHA256"])
+def test_list_parts_lists_each_parts_checksum_and_the_uploads_algorithm(
+        s3: BaseClient, bucket: str, parts: list[bytes], algorithm: str) -> None:
+    """As S3's ListParts does: a tool resuming an upload checks its parts against them
+    (they were not listed)."""
+    key = f"mpu/listed-{algorithm}"
+    upload_id, done = upload(s3, bucket, key, parts, algorithm)
+    try:
+        listed = s3.list_parts(Bucket=bucket, Key=key, UploadId=upload_id)
+        assert (listed["ChecksumAlgorithm"], listed["ChecksumType"]) == (algorithm, "COMPOSITE")
+        assert [(p["PartNumber"], p[f"Checksum{algorithm}"]) for p in listed["Parts"]] == \
+            [(n, b64(algorithm, data)) for n, data in enumerate(parts, 1)]
+        page = s3.list_parts(Bucket=bucket, Key=key, UploadId=upload_id, MaxParts=1,
+                             PartNumberMarker=1)
+        assert [p[f"Checksum{algorithm}"] for p in page["Parts"]] == [b64(algorithm, parts[1])]
+    finally:
+        s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+
+
 @pytest.mark.parametrize("algorithm", ["CRC32", "CRC32C", "CRC64NVME", "SHA256"])
 def test_boto3_upload_file_with_a_checksum_algorithm_works_end_to_end(
         s3: BaseClient, bucket: str, tmp_path: Path, algorithm: str) -> None:
