@@ -32,7 +32,7 @@ from node.metrics import (
     op_name,
 )
 from node.s3 import buckets, objects, uploads
-from node.s3.context import DEFAULT_SEGMENT_SLOTS, Gateway, GatewayConfig, S3Ctx
+from node.s3.context import DEFAULT_SEGMENT_SLOTS, Gateway, GatewayConfig, S3Ctx, defer_continue
 from node.s3.errors import S3Error, access_denied, not_implemented, to_s3_error
 from node.s3.sigv2 import access_key_v2, authenticate_v2, is_v2
 from node.s3.sigv4 import AuthResult, authenticate
@@ -164,6 +164,14 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
     gw = request.app[GATEWAY]
     bucket, key = split_path(request.path)
     ctx = S3Ctx(request, gw, bucket, key, None, None, request[REQUEST_ID])  # node.server's id
+    resp = await _answer(request, ctx)
+    if ctx.body_declined() and not resp.prepared:
+        resp.force_close()   # "Connection: close": the body the client kept back never comes
+    return resp
+
+
+async def _answer(request: web.Request, ctx: S3Ctx) -> web.StreamResponse:
+    gw, key = ctx.gw, ctx.key
     try:
         user, auth = await _authenticate(request, gw)
         ctx.user, ctx.auth = user, auth
@@ -239,7 +247,7 @@ def make_app(config: GatewayConfig, observability: ObservabilityConfig | None = 
              lambda: workers_view(workers))
     # [\s\S], not ".": a key may hold a newline (%0A), which "." does not match - such a
     # request got aiohttp's plain-text 404 instead of reaching the S3 dispatcher
-    app.router.add_route("*", r"/{tail:[\s\S]*}", dispatch)
+    app.router.add_route("*", r"/{tail:[\s\S]*}", dispatch, expect_handler=defer_continue)
     return app
 
 

@@ -80,7 +80,7 @@ async def create_bucket(ctx: S3Ctx) -> web.StreamResponse:
     except BadRequest:
         raise S3Error("InvalidBucketName", "The specified bucket is not valid.") from None
     acl = canned_acl(ctx.headers)
-    body = await BodyReader(ctx.request.content, ctx.headers, ctx.auth, 64 * 1024).read_all()
+    body = await BodyReader(ctx.content, ctx.headers, ctx.auth, 64 * 1024).read_all()
     if body.strip():  # CreateBucketConfiguration: only our one region is accepted
         root = parse(body, "CreateBucketConfiguration")
         check_location_constraint((root.findtext("LocationConstraint") or "").strip(),

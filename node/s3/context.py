@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from node.s3.body import RunningChecksum
 from node.s3.errors import S3Error, access_denied, not_implemented
@@ -110,6 +110,58 @@ def _put_bounded(cache: dict[str, Any], key: str, value: Any) -> None:
     cache[key] = value
 
 
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+async def defer_continue(request: web.Request) -> None:
+    """The S3 route's expect handler: an unknown expectation is refused (417) as aiohttp
+    refuses it, but "100 Continue" is not sent here, before anything was checked - the
+    body's first read sends it (ContinuedContent), so a request refused before that (a bad
+    signature, a missing bucket, a failed precondition) is answered without the client
+    sending its body, as S3 does."""
+    expect = request.headers.get("Expect", "")
+    if request.version == HttpVersion11 and expect.lower() != "100-continue":
+        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
+
+
+def expects_continue(request: web.Request) -> bool:
+    return (request.version == HttpVersion11
+            and request.headers.get("Expect", "").lower() == "100-continue")
+
+
+class ContinuedContent:
+    """request.content that sends "100 Continue" before its first read when the client
+    asked for it (HTTP/1.1, Expect: 100-continue) - never twice, never after a response."""
+
+    def __init__(self, request: web.Request) -> None:
+        self._request, self._content = request, request.content
+        self._pending = expects_continue(request)
+
+    @property
+    def pending(self) -> bool:
+        """The client waits for "100 Continue", which was not sent: it has not sent its body."""
+        return self._pending
+
+    async def _continue(self) -> None:
+        if self._pending:
+            self._pending = False
+            writer = self._request.writer
+            await writer.write(CONTINUE)
+            writer.output_size = 0   # as aiohttp's own handler: the response is still to come
+
+    async def read(self, n: int = -1) -> bytes:
+        await self._continue()
+        return await self._content.read(n)
+
+    async def readexactly(self, n: int) -> bytes:
+        await self._continue()
+        return await self._content.readexactly(n)
+
+    async def readline(self) -> bytes:
+        await self._continue()
+        return await self._content.readline()
+
+
 @dataclass
 class S3Ctx:
     """One request: where it goes and who sends it (user None = anonymous)."""
@@ -121,6 +173,7 @@ class S3Ctx:
     user: str | None
     auth: AuthResult | None
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16].upper())
+    _content: ContinuedContent | None = field(default=None, repr=False)
 
     @property
     def client(self) -> Client:
@@ -133,6 +186,20 @@ class S3Ctx:
     @property
     def headers(self) -> Mapping[str, str]:
         return self.request.headers
+
+    def body_declined(self) -> bool:
+        """The client asked to be told to send its body and never was: the answer must
+        close the connection, else the client's next request on it would be read as this
+        one's body."""
+        return self.content.pending
+
+    @property
+    def content(self) -> ContinuedContent:
+        """The request's body stream, which answers an `Expect: 100-continue` on its first
+        read (see ContinuedContent)."""
+        if self._content is None:
+            self._content = ContinuedContent(self.request)
+        return self._content
 
     async def owned_bucket(self) -> dict[str, Any]:
         """The bucket's record if the caller owns it; AccessDenied (anonymous or another

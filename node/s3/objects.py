@@ -387,7 +387,7 @@ async def put_object(ctx: S3Ctx) -> web.StreamResponse:
     keep = stored_headers(ctx.headers)
     cls = storage_class(ctx.headers)
     await check_write_conditions(ctx)   # before the body is read: fail fast
-    body = BodyReader(ctx.request.content, ctx.headers, ctx.auth, ctx.gw.config.max_object_bytes)
+    body = BodyReader(ctx.content, ctx.headers, ctx.auth, ctx.gw.config.max_object_bytes)
     conditional = "If-None-Match" in ctx.headers or "If-Match" in ctx.headers
 
     def extra() -> dict[str, Any]:
@@ -549,7 +549,7 @@ async def delete_one(client: Client, bucket: str, key: str, vid: str | None) -> 
 async def delete_objects(ctx: S3Ctx) -> web.StreamResponse:
     """POST /bucket?delete: up to MAX_DELETE_KEYS keys; Deleted for absent keys too."""
     await ctx.owned_bucket()
-    body = BodyReader(ctx.request.content, ctx.headers, ctx.auth, 4 * 1024 * 1024)
+    body = BodyReader(ctx.content, ctx.headers, ctx.auth, 4 * 1024 * 1024)
     quiet, entries = delete_request(await body.read_all())
     done, errors = [], []
     for key, vid in entries:
@@ -586,7 +586,7 @@ async def get_object_acl(ctx: S3Ctx) -> web.StreamResponse:
 
 async def read_acl_request(ctx: S3Ctx) -> str:
     """The canned ACL a PUT ?acl asks for; an AccessControlPolicy body is NotImplemented."""
-    body = BodyReader(ctx.request.content, ctx.headers, ctx.auth, 64 * 1024)
+    body = BodyReader(ctx.content, ctx.headers, ctx.auth, 64 * 1024)
     if await body.read_all():
         raise S3Error("NotImplemented", "ACL documents are not supported; use the x-amz-acl "
                       "header with private or public-read", 501)

@@ -85,7 +85,7 @@ async def upload_part(ctx: S3Ctx) -> web.StreamResponse:
     checksum = sums.of_upload(await _upload(ctx))
     if "x-amz-copy-source" in ctx.headers:
         return await _upload_part_copy(ctx, number, checksum)
-    body = BodyReader(ctx.request.content, ctx.headers, ctx.auth, ctx.gw.config.max_object_bytes,
+    body = BodyReader(ctx.content, ctx.headers, ctx.auth, ctx.gw.config.max_object_bytes,
                       compute=checksum.algorithm if checksum else None)
     sums.check_part(checksum, body.plan.checksum_algorithm)
     try:
@@ -166,7 +166,7 @@ async def complete_upload(ctx: S3Ctx) -> web.StreamResponse:
     claimed = {CHECKSUM_HEADERS[h.lower()]: v.strip() for h, v in ctx.headers.items()
                if h.lower() in CHECKSUM_HEADERS}
     body_headers = {h: v for h, v in ctx.headers.items() if h.lower() not in CHECKSUM_HEADERS}
-    body = BodyReader(ctx.request.content, body_headers, ctx.auth, 4 * 1024 * 1024)
+    body = BodyReader(ctx.content, body_headers, ctx.auth, 4 * 1024 * 1024)
     requested, part_claims = complete_request(await body.read_all())
     await check_write_conditions(ctx)   # If-None-Match: * / If-Match, as a PutObject's
 

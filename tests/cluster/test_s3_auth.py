@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import io
+import socket
 from base64 import b64encode
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import pytest
 from botocore.client import BaseClient
@@ -386,3 +387,46 @@ def test_a_copy_keeps_the_checksum_of_the_bytes_it_copies(s3: BaseClient, bucket
     assert got["Body"].read() == data
     assert got["ChecksumSHA256"] == sent["ChecksumSHA256"] == \
         b64encode(hashlib.sha256(data).digest()).decode()
+
+
+# ---- Expect: 100-continue ------------------------------------------------------------------
+def _expect_continue(gw: Gateway, path: str, body: bytes, *, secret_key: str | None = None
+                     ) -> tuple[bytes, bytes | None]:
+    """Send a PUT's head with Expect: 100-continue and wait for the first answer; send the
+    body only if it was "100 Continue", then read the final answer. (first status line,
+    final status line or None when the first was final)."""
+    url = gw.url + path
+    headers = sign(gw, "PUT", url, body, {"Expect": "100-continue"}, secret_key=secret_key)
+    headers.update({"Host": f"{gw.host}:{urlsplit(url).port}", "Content-Length": str(len(body))})
+    head = f"PUT {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    with socket.create_connection((gw.host, int(urlsplit(url).port or 80)), timeout=10) as sock:
+        sock.sendall(head.encode() + b"\r\n")
+        stream = sock.makefile("rb")
+        first = stream.readline().strip()
+        if not first.startswith(b"HTTP/1.1 100"):
+            # "Connection: close": the body it was declared with never comes, so a next
+            # request on the connection would be read as this one's body
+            answer = b"".join(iter(stream.readline, b"\r\n")).lower()
+            assert b"connection: close" in answer, answer
+            return first, None
+        assert stream.readline() == b"\r\n"
+        sock.sendall(body)
+        return first, stream.readline().strip()
+
+
+def test_expect_100_continue_is_answered_only_after_the_request_is_checked(
+        gateway: Gateway, s3: BaseClient, bucket: str) -> None:
+    """A PUT refused for its signature or its bucket is answered at once, without "100
+    Continue", and the connection closed: the client never sends its body (it was told to
+    continue, sent it all, then was refused - an unauthenticated client could make the
+    gateway read whatever it sent). A good one is told to continue and is stored."""
+    body = blob(256 * 1024, 7)
+    first, final = _expect_continue(gateway, f"/{bucket}/continue/bad-sig", body,
+                                    secret_key="not-the-secret")
+    assert first.startswith(b"HTTP/1.1 403") and final is None
+    first, final = _expect_continue(gateway, "/no-such-bucket-here/k", body)
+    assert first.startswith(b"HTTP/1.1 404") and final is None
+    first, final = _expect_continue(gateway, f"/{bucket}/continue/good", body)
+    assert first.startswith(b"HTTP/1.1 100") and final is not None and final.startswith(b"HTTP/1.1 200")
+    assert s3.get_object(Bucket=bucket, Key="continue/good")["Body"].read() == body
+    assert client_error(lambda: s3.head_object(Bucket=bucket, Key="continue/bad-sig")) == ("404", 404)
