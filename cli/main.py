@@ -461,32 +461,48 @@ async def cmd_rm(c: Client, a: argparse.Namespace) -> int:
 
 
 async def drive(worker: Any, label: str, status: Callable[[], str], show: bool,
-                total: int | None = None, op: str | None = None) -> None:
+                total: int | None = None, op: str | None = None,
+                last: bool = True) -> OpsProgress | None:
     """Step a worker (repair, rebalance, gc, tier) to its end, with a progress bar on a
     terminal, and publish its progress for the control nodes' /metrics (OpsProgress;
-    `op` defaults to the label's first word, "tiering" is "tier"; not for a dry run)."""
+    `op` defaults to the label's first word, "tiering" is "tier"; not for a dry run).
+    `last=False`: the command goes on after this worker (rebalance's passes and metadata
+    move), so its last report still says "running"; the command reports its end with the
+    OpsProgress returned. A worker that raises reports "failed"."""
     total = worker.remaining if total is None else total
     op = op or {"tiering": "tier"}.get(label.split()[0], label.split()[0])
     report = None if getattr(worker, "dry_run", False) else OpsProgress(worker.c, op)
-    with Progress("{task.description}", BarColumn(), "{task.completed}/{task.total}",
-                  console=err, transient=True, disable=not show) as progress:
-        task = progress.add_task(label, total=total)
-        if report is not None:
-            report.tick(0, total)
-        while await worker.step():
-            progress.update(task, completed=total - worker.remaining, description=status())
+    try:
+        with Progress("{task.description}", BarColumn(), "{task.completed}/{task.total}",
+                      console=err, transient=True, disable=not show) as progress:
+            task = progress.add_task(label, total=total)
             if report is not None:
-                report.tick(total - worker.remaining, worker.remaining)
+                report.tick(0, total)
+            while await worker.step():
+                progress.update(task, completed=total - worker.remaining, description=status())
+                if report is not None:
+                    report.tick(total - worker.remaining, worker.remaining)
+    except BaseException:
+        if report is not None:
+            await report.finish(total - worker.remaining, worker.remaining, FAILED)
+        raise
     if report is not None:
-        await report.finish(total - worker.remaining, worker.remaining)
+        await report.finish(total - worker.remaining, worker.remaining,
+                            FINISHED if last else RUNNING)
+    return report
+
+
+RUNNING, FINISHED, FAILED = "running", "finished", "failed"   # an OpsProgress record's state
 
 
 class OpsProgress:
     """A CLI worker's progress, written every OPS_PUBLISH_INTERVAL_S as the record
-    {"op", "done", "remaining", "rate_per_s", "updated"} at key `op` of the "_ops"
-    namespace; the control nodes holding it export it as ecstore_op_* gauges. Best
-    effort: a write runs in the background and a failed one is skipped, so it never
-    slows or fails the worker."""
+    {"op", "done", "remaining", "rate_per_s", "updated", "state", "finished"} at key `op` of
+    the "_ops" namespace; the control nodes holding it export it as ecstore_op_* gauges.
+    `state` is RUNNING until the command's end reports FINISHED (`finished` 1) or FAILED:
+    a run killed meanwhile is left RUNNING with an old `updated`. Best effort: a write
+    runs in the background and a failed one is skipped, so it never slows or fails the
+    worker."""
 
     def __init__(self, c: Client, op: str) -> None:
         assert op in WORKER_OPS, op
@@ -504,19 +520,22 @@ class OpsProgress:
         self.last_done, self.last_at, self.next_at = done, now, now + OPS_PUBLISH_INTERVAL_S
         self.pending = asyncio.ensure_future(self._publish(done, remaining, rate))
 
-    async def finish(self, done: int, remaining: int) -> None:
+    async def finish(self, done: int, remaining: int, state: str = FINISHED) -> None:
         """The last record (the whole run's rate), waited for a few seconds at most."""
         if self.pending is not None:
             await asyncio.wait([self.pending], timeout=OPS_FINAL_TIMEOUT_S)
         elapsed = time.monotonic() - self.started
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._publish(done, remaining, done / elapsed if elapsed else 0.0),
-                                   OPS_FINAL_TIMEOUT_S)
+            await asyncio.wait_for(
+                self._publish(done, remaining, done / elapsed if elapsed else 0.0, state),
+                OPS_FINAL_TIMEOUT_S)
 
-    async def _publish(self, done: int, remaining: int, rate: float) -> None:
+    async def _publish(self, done: int, remaining: int, rate: float,
+                       state: str = RUNNING) -> None:
         record = {"ts": time.time_ns(), "version_id": new_version_id(), "deleted": False,
                   "op": self.op, "done": done, "remaining": remaining,
-                  "rate_per_s": round(rate, 3), "updated": time.time()}
+                  "rate_per_s": round(rate, 3), "updated": time.time(),
+                  "state": state, "finished": int(state == FINISHED)}
         with contextlib.suppress(EcstoreError):
             await self.c.commit(OPS_BUCKET, self.op, record)
 

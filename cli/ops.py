@@ -243,7 +243,7 @@ async def cmd_rebalance(c: Client, a: argparse.Namespace) -> int:
 
 
 async def _rebalance(c: Client, a: argparse.Namespace, state: Path) -> int:
-    from cli.main import drive, err, human, report_table
+    from cli.main import FAILED, FINISHED, drive, err, human, report_table
     from store.rebalance import prepare_rebalance
 
     err.print("reading metadata and fragment listings ...")
@@ -252,8 +252,44 @@ async def _rebalance(c: Client, a: argparse.Namespace, state: Path) -> int:
         err.print(f"resuming: {w.resumed_after} objects were done by an earlier run")
     r = w.report
     show = err.is_terminal and not a.json
-    await drive(w, "rebalance", lambda: f"rebalance: {r.moved} moved, {human(r.bytes_moved)}",
-                show)
+    ops = await drive(w, "rebalance", lambda: f"rebalance: {r.moved} moved, {human(r.bytes_moved)}",
+                      show, last=False)   # its end is reported below, after every pass
+    try:
+        rep, last = await _rebalance_rest(c, a, state, w, show)
+    except BaseException:
+        if ops is not None:   # a later pass or the metadata move failed
+            await ops.finish(r.moved, 0, FAILED)
+        raise
+    if ops is not None:   # the whole command's end: until now the record said "running"
+        await ops.finish(rep["moved"], 0, FINISHED)
+    if a.json:
+        print(json.dumps(rep, indent=2))
+    else:
+        md = rep["metadata"]
+        report_table("rebalance" + (" (dry run: would move)" if a.dry_run else ""),
+                     [(n.replace("_", " "), rep[n])
+                      for n in ("objects_checked", "moved", "skipped", "failed", "passes")]
+                     + [("bytes moved", human(rep["bytes_moved"])),
+                        ("metadata records moved", md["copied"]),
+                        ("metadata failed", md["failed"])], rep["errors"])
+    if last.incomplete and not a.dry_run:
+        err.print(f"not settled: {unlisted_note(last)}; the map keeps the previous "
+                  "placement, where readers still look. Start them and run `ecstore "
+                  "rebalance` again; for a node gone for good, take it out of the map "
+                  "(`ecstore cluster remove-node` or `ring remove --force`), run `ecstore "
+                  "repair` (it rebuilds what the node held) and the next rebalance settles",
+                  highlight=False)
+        return 1
+    return 1 if rep["failed"] or rep["metadata"]["failed"] else 0
+
+
+async def _rebalance_rest(c: Client, a: argparse.Namespace, state: Path, w: Any,
+                          show: bool) -> tuple[dict[str, Any], Any]:
+    """rebalance after its first pass: the passes that follow and the metadata move; the
+    whole command's report and its last pass's."""
+    from cli.main import drive, err
+    from store.rebalance import prepare_rebalance
+
     w.report.seconds = time.monotonic() - w.limiter.start
     w.finish()
     rep = w.report.to_dict()
@@ -263,7 +299,8 @@ async def _rebalance(c: Client, a: argparse.Namespace, state: Path) -> int:
         async def again(n: int) -> Any:
             err.print(f"pass {n}: looking for fragments placed the old way meanwhile ...")
             nxt = await prepare_rebalance(c, False, a.rate, state)
-            await drive(nxt, f"rebalance pass {n}", lambda: "rebalance", show, op="rebalance")
+            await drive(nxt, f"rebalance pass {n}", lambda: "rebalance", show, op="rebalance",
+                        last=False)
             nxt.finish()
             return nxt.report
         settled = await passes_until_still(c, again, reports, retry_failed=False)
@@ -277,25 +314,7 @@ async def _rebalance(c: Client, a: argparse.Namespace, state: Path) -> int:
     rep["passes"] = len(reports)
     rep["settled"] = settled
     rep["metadata"] = (await finish_metadata_move(c, a.dry_run)).to_dict()
-    if a.json:
-        print(json.dumps(rep, indent=2))
-    else:
-        md = rep["metadata"]
-        report_table("rebalance" + (" (dry run: would move)" if a.dry_run else ""),
-                     [(n.replace("_", " "), rep[n])
-                      for n in ("objects_checked", "moved", "skipped", "failed", "passes")]
-                     + [("bytes moved", human(rep["bytes_moved"])),
-                        ("metadata records moved", md["copied"]),
-                        ("metadata failed", md["failed"])], rep["errors"])
-    if reports[-1].incomplete and not a.dry_run:
-        err.print(f"not settled: {unlisted_note(reports[-1])}; the map keeps the previous "
-                  "placement, where readers still look. Start them and run `ecstore "
-                  "rebalance` again; for a node gone for good, take it out of the map "
-                  "(`ecstore cluster remove-node` or `ring remove --force`), run `ecstore "
-                  "repair` (it rebuilds what the node held) and the next rebalance settles",
-                  highlight=False)
-        return 1
-    return 1 if rep["failed"] or rep["metadata"]["failed"] else 0
+    return rep, reports[-1]
 
 
 def unlisted_note(report: Any) -> str:

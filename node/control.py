@@ -570,7 +570,10 @@ OP_GAUGES = (("done", "ecstore_op_done", "Items (objects; gc: fragments and tomb
              ("rate_per_s", "ecstore_op_rate_per_second", "Items per second over its last "
               "report interval."),
              ("updated", "ecstore_op_last_update_timestamp_seconds", "When it last reported "
-              "(unix time)."))
+              "(unix time)."),
+             ("finished", "ecstore_op_finished", "1 once that run reported its end; 0 while "
+              "it runs, after it failed, or when it was killed (its last update then stays "
+              "old)."))
 
 
 def control_metrics(app: web.Application, epoch: MapEpoch) -> Families:

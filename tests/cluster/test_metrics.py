@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from botocore.client import BaseClient
@@ -261,8 +262,48 @@ def test_repair_progress_is_published_and_exported_by_the_control_nodes(
         assert value(s, "ecstore_op_remaining", op="repair") == 0
         assert value(s, "ecstore_op_rate_per_second", op="repair") > 0
         assert value(s, "ecstore_op_last_update_timestamp_seconds", op="repair") >= started - 1
+        assert value(s, "ecstore_op_finished", op="repair") == 1
     labels = {dict(ls).get("op") for s in holders for (n, ls) in s if n.startswith("ecstore_op_")}
     assert labels <= {"repair", "rebalance", "gc", "tier"}
+
+
+class _Steps:
+    """A worker of three steps for cli.main.drive; `fail`: its second step raises."""
+
+    def __init__(self, c: Any, fail: bool) -> None:
+        self.c, self.fail, self.remaining = c, fail, 3
+
+    async def step(self) -> bool:
+        if self.fail and self.remaining == 2:
+            raise RuntimeError("a storage node's disk caught fire")
+        self.remaining -= 1
+        return self.remaining > 0
+
+
+def test_an_op_record_says_running_until_its_command_ends_and_failed_when_it_raised(
+        cluster: LocalCluster, lib: SyncClient) -> None:
+    """rebalance reports its end only after its last pass and metadata move: a rebalance
+    killed after its first pass read "remaining 0", as if it had finished."""
+    from cli.main import drive
+    from store.names import OPS_BUCKET
+
+    def state() -> tuple[str, list[float]]:
+        rec = lib._run(lib.client.read_record(OPS_BUCKET, "rebalance"))
+        finished = [value(scrape(cluster, i), "ecstore_op_finished", op="rebalance")
+                    for i in nodes(cluster, "control")]
+        return rec["state"], [f for f in finished if f is not None]
+
+    def reads(expected: tuple[str, list[float]]) -> None:
+        # the record's third replica may be written a moment after the command goes on
+        wait_for(lambda: state() == expected, f"the rebalance record to say {expected}")
+
+    lib._run(drive(_Steps(lib.client, False), "rebalance", lambda: "", False, last=False))
+    reads(("running", [0, 0, 0]))
+    lib._run(drive(_Steps(lib.client, False), "rebalance", lambda: "", False))
+    reads(("finished", [1, 1, 1]))
+    with pytest.raises(RuntimeError):
+        lib._run(drive(_Steps(lib.client, True), "rebalance", lambda: "", False))
+    reads(("failed", [0, 0, 0]))
 
 
 def test_labels_never_hold_a_bucket_a_key_or_an_id(cluster: LocalCluster, s3: BaseClient,
