@@ -73,7 +73,7 @@ _PRESIGN_PARAMS = frozenset({"X-Amz-Signature", "X-Amz-Credential", "X-Amz-Algor
 _NODE_FIELDS = ("id", "role", "zone", "tier", "url", "up", "error", "fragments", "bytes",
                 "quarantined", "disk_total_bytes", "disk_free_bytes", "db_bytes", "epoch",
                 "state", "problems")
-_OP_RECORD_FIELDS = frozenset({"ts", "version_id", "deleted", "op", "updated"})
+_OP_RECORD_FIELDS = frozenset({"ts", "version_id", "deleted", "op", "updated", "finished"})
 
 S3Authenticate = Callable[[web.Request, Gateway], Awaitable[tuple[str | None, AuthResult | None]]]
 
