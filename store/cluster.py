@@ -64,12 +64,15 @@ class ClusterInfo:
     def load(path: str | os.PathLike[str] | None = None) -> "ClusterInfo":
         """From --cluster PATH, else $ECSTORE_CLUSTER, else ./.ecstore/cluster.json; when
         none is given and that file does not exist, from $ECSTORE_CONTROL (comma separated
-        control URLs) and $ECSTORE_SECRET, as set inside the docker-compose containers."""
+        control URLs) and $ECSTORE_SECRET, as set inside the docker-compose containers
+        ($ECSTORE_GATEWAY: the S3 gateway's URL, which `status` checks too)."""
         p = cluster_path(path)
         env_control = os.environ.get("ECSTORE_CONTROL", "")
         if env_control and no_cluster_file(path):
             urls = tuple(u.strip() for u in env_control.split(",") if u.strip())
-            return ClusterInfo(urls, os.environ.get("ECSTORE_SECRET", ""))
+            gateway = os.environ.get("ECSTORE_GATEWAY", "").strip()   # for `status` to show it
+            return ClusterInfo(urls, os.environ.get("ECSTORE_SECRET", ""),
+                               raw={"gateway": {"url": gateway}} if gateway else {})
         data = read_cluster_file(p, f"no cluster file at {p}: start one with `ecstore "
                                     "cluster up`, or pass --cluster PATH / set ECSTORE_CLUSTER")
         try:

@@ -8,8 +8,11 @@ checks and the local run see the file that way (default_profile()).
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import tomllib
 from collections.abc import Callable, Iterator
@@ -219,6 +222,19 @@ def test_every_node_says_it_runs_with_the_published_demo_secrets(compose_cluster
         assert said and "WARNING" in said[0], name
     gateway = compose_cluster.log("gateway").read_text(errors="replace")
     assert "ECSTORE_S3_SECRET_KEY" in gateway and "ECSTORE_SECRET" in gateway
+
+
+def test_status_in_a_container_shows_every_node_and_the_gateway(compose_cluster: ComposeRun,
+                                                                tmp_path: Path) -> None:
+    """`docker compose exec control1 ecstore status`: the cluster from the container's
+    environment (no cluster.json), the gateway's row from ECSTORE_GATEWAY (it had none)."""
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "status", "--json"], cwd=tmp_path,
+                          env=compose_cluster.process_env("control1"), capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {r["id"]: (r["role"], r["state"]) for r in json.loads(proc.stdout)["nodes"]}
+    assert rows["gateway"] == ("gateway", "up")
+    assert sorted(r for r, _ in rows.values()) == ["control"] * 3 + ["gateway"] + ["storage"] * 6
 
 
 def test_rerunning_init_is_idempotent(compose_cluster: ComposeRun) -> None:
