@@ -23,6 +23,7 @@ from typing import Any
 
 from placement.cluster_map import ClusterMap
 from placement.nodes import Node
+from placement.policy import Policy
 from store.auth import sign_headers
 from store.cluster import read_cluster_file
 from store.errors import BadRequest
@@ -201,7 +202,11 @@ class LocalCluster:
                fsync: bool = True, gateway: bool = True, cold: int = 0, cold_k: int = 8,
                cold_m: int = 3) -> "LocalCluster":
         """`storage` hot storage nodes (policy "hot", k+m) and `cold` cold ones (policy
-        "cold", cold_k+cold_m, when cold > 0)."""
+        "cold", cold_k+cold_m, when cold > 0). ValueError before anything is started for
+        sizes no map takes."""
+        Policy("hot", k, m).check()
+        if cold:
+            Policy("cold", cold_k, cold_m, tier="cold").check()
         if storage < k + m:
             raise ValueError(f"policy {k}+{m} needs at least {k + m} storage nodes, "
                              f"got {storage}")

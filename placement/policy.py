@@ -27,7 +27,7 @@ class Policy:
     Attributes:
         name: policy name, ``[A-Za-z0-9_-]{1,64}``.
         k: data fragments per segment (>= 1).
-        m: parity fragments per segment (>= 0); ``k + m <= 32``.
+        m: parity fragments per segment (>= 1: no pyeclib backend codes with none); ``k + m <= 32``.
         ec_type: pyeclib backend name, one of ``EC_TYPES``.
         segment_size_bytes: bytes per segment, 64 KiB .. 64 MiB.
         tier: storage tier whose ring places the fragments.
@@ -49,7 +49,7 @@ class Policy:
         """Raise ValueError if any attribute is invalid."""
         check_name("policy name", self.name)
         check_int(f"policy {self.name}: k", self.k, 1, MAX_FRAGMENTS)
-        check_int(f"policy {self.name}: m", self.m, 0, MAX_FRAGMENTS - 1)
+        check_int(f"policy {self.name}: m", self.m, 1, MAX_FRAGMENTS - 1)   # no codec takes 0
         if self.k + self.m > MAX_FRAGMENTS:
             raise ValueError(f"policy {self.name}: k + m must be <= {MAX_FRAGMENTS}, got {self.n}")
         if self.ec_type not in EC_TYPES:

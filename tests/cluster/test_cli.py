@@ -124,6 +124,20 @@ def test_errors_are_messages_not_tracebacks(workdir: Path) -> None:
         assert b"Traceback" not in proc.stderr and b"error" in proc.stderr, (args, proc.stderr)
 
 
+@pytest.mark.parametrize("sizes", [["--k", "0"], ["--k", "-1"], ["--k", "40", "--storage", "42"],
+                                   ["--m", "0"], ["--storage", "5"],
+                                   ["--cold", "11", "--cold-k", "0"]])
+def test_up_refuses_sizes_no_map_takes_before_starting_anything(sizes: list[str],
+                                                                tmp_path: Path) -> None:
+    """One line and exit 2, no node started (--k 0 started every node, then failed with a
+    traceback, exit 1, and left them running)."""
+    proc = ecstore("cluster", "up", "--detach", "--data", str(tmp_path / "c"), *sizes,
+                   cwd=tmp_path, ok=False)
+    assert proc.returncode == 2, proc.stderr
+    assert b"Traceback" not in proc.stderr and proc.stderr.startswith(b"error: "), proc.stderr
+    assert not (tmp_path / "c").exists()
+
+
 def test_up_refuses_a_second_cluster_in_the_same_directory(workdir: Path) -> None:
     proc = ecstore("cluster", "up", "--detach", cwd=workdir, ok=False)
     assert proc.returncode != 0 and b"already running" in proc.stderr
