@@ -4,6 +4,7 @@ Used by `ecstore cluster up/down` and by the cluster tests (kill, restart, wipe 
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -170,6 +171,18 @@ class NodeSpec:
         return {"id": self.id, "role": self.role, "url": self.url, "port": self.port,
                 "data": self.data, "zone": self.zone or self.id, "tier": self.tier,
                 "pid": self.pid}
+
+
+def _reap(pid: int, deadline: float) -> None:
+    """Wait for a signalled process to exit until `deadline`, then SIGKILL it (and wait
+    5 s more for that)."""
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if pid_alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        while pid_alive(pid) and time.monotonic() < deadline + 5:
+            time.sleep(0.05)
 
 
 class LocalCluster:
@@ -355,13 +368,7 @@ class LocalCluster:
             os.kill(n.pid, sig)
         except ProcessLookupError:
             return
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        while pid_alive(n.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if pid_alive(n.pid):
-            os.kill(n.pid, signal.SIGKILL)
-            while pid_alive(n.pid) and time.monotonic() < deadline + 5:
-                time.sleep(0.05)
+        _reap(n.pid, time.monotonic() + STOP_TIMEOUT_S)
 
     def kill_node(self, node_id: str) -> None:
         self.stop_node(node_id, signal.SIGKILL)
@@ -382,14 +389,21 @@ class LocalCluster:
         self.wait_healthy(gateways)
 
     def stop(self) -> None:
-        for i in self.nodes:
-            n = self.nodes[i]
+        """SIGTERM to every node at once, then SIGKILL to those still running after
+        STOP_TIMEOUT_S - one SIGTERM each: a second one during a node's shutdown, after it
+        gave the signal back to its default action, killed it before its last log lines."""
+        signalled = []
+        for n in self.nodes.values():
             if pid_alive(n.pid):
                 assert n.pid is not None
-                os.kill(n.pid, signal.SIGTERM)
-        for i in self.nodes:
-            self.stop_node(i)
-            self.nodes[i].pid = None
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(n.pid, signal.SIGTERM)
+                    signalled.append(n.pid)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for pid in signalled:
+            _reap(pid, deadline)
+        for n in self.nodes.values():
+            n.pid = None
         if self.path.exists():
             self.write()
 

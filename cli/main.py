@@ -125,6 +125,9 @@ def report_exits(cluster: LocalCluster) -> None:
         if pid == 0:
             return
         node = next((i for i, n in cluster.nodes.items() if n.pid == pid), f"pid {pid}")
+        if os.WIFEXITED(status) and os.waitstatus_to_exitcode(status) == 0:
+            err.print(f"node {node} stopped", highlight=False)   # `cluster down`, a SIGTERM
+            continue
         how = (f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
                else f"exit status {os.waitstatus_to_exitcode(status)}")
         err.print(f"node {node} exited ({how}); `ecstore cluster up` in another shell "
