@@ -46,7 +46,9 @@ async def cmd_tier_status(c: Client, a: argparse.Namespace) -> int:
         t.add_column(col, justify="left" if col in ("policy", "tier") else "right")
     for name, row in sorted(st.tiers.items()):
         p = pols.get(name)
-        t.add_row(name, p.tier if p else "control", f"{p.k}+{p.m}" if p else "3 copies",
+        copies = cmap.effective_replicas   # an inline object: one copy per record replica
+        t.add_row(name, p.tier if p else "control", f"{p.k}+{p.m}" if p else
+                  f"{copies} cop{'y' if copies == 1 else 'ies'}",
                   f"{row['objects']:,}", _mib(row["bytes"]), _mib(row["stored_bytes"]))
     out.print(t)
     due = st.to_dict()["due"]

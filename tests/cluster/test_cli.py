@@ -138,6 +138,16 @@ def test_up_refuses_sizes_no_map_takes_before_starting_anything(sizes: list[str]
     assert not (tmp_path / "c").exists()
 
 
+def test_tier_status_counts_an_inline_objects_copies_by_the_control_nodes(workdir: Path) -> None:
+    """This cluster has one control node: an inline object is one copy (it said "3 copies"
+    whatever the cluster)."""
+    ecstore("mb", "cli-inline", cwd=workdir)
+    ecstore("put", "cli-inline/small", "-", stdin=b"x" * 1000, cwd=workdir)
+    rows = [line.split() for line in ecstore("tier", "status", cwd=workdir).stdout.decode().splitlines()]
+    inline = next(r for r in rows if r and r[0] == "inline")
+    assert inline[2:4] == ["1", "copy"], inline
+
+
 def test_up_refuses_a_second_cluster_in_the_same_directory(workdir: Path) -> None:
     proc = ecstore("cluster", "up", "--detach", cwd=workdir, ok=False)
     assert proc.returncode != 0 and b"already running" in proc.stderr
