@@ -104,6 +104,25 @@ def test_rebalance_with_a_node_down_does_not_settle(cluster: LocalCluster,
     check_all_without(cluster, objects, "s1", "s2")
 
 
+def test_rebalance_with_a_node_down_and_no_ring_change_says_what_it_could_not_check(
+        cluster: LocalCluster, objects: dict[str, bytes]) -> None:
+    """No ring change pending (the map has no previous placement) and s2 killed: exit 1,
+    `settled` true (nothing waits for a rebalance) and s2 named as not checked - it said
+    "not settled ... the map keeps the previous placement", of a map that had none."""
+    assert pending(cluster) == []
+    LocalCluster.load(cluster.dir).kill_node("s2")
+    try:
+        proc = run(cluster, "rebalance", "--json")
+        assert proc.returncode == 1, proc.stderr.decode()
+        rep = json.loads(proc.stdout)
+        assert rep["unlisted"] == ["s2"] and rep["settled"] is True
+        assert "incomplete: storage node s2 did not answer its listing" in said(proc)
+        assert "not settled" not in said(proc) and "previous placement" in said(proc)
+        assert pending(cluster) == []
+    finally:
+        bring_back(cluster, "s2")
+
+
 def test_draining_a_dead_node_fails_until_repair_rebuilt_what_it_held(
         cluster: LocalCluster, objects: dict[str, bytes]) -> None:
     """remove-node of a node that is down cannot move its fragments off it: exit 1 with
