@@ -34,7 +34,8 @@ def resolve_range(size: int, start: int | None, end: int | None) -> tuple[int, i
             raise RangeNotSatisfiable(f"suffix range of {end} bytes")
         return max(0, size - end), size
     if start < 0 or start >= size or (end is not None and end < start):
-        raise RangeNotSatisfiable(f"range {start}-{end} of an object of {size} bytes")
+        raise RangeNotSatisfiable(f"range {start}-{'' if end is None else end} of an object of "
+                                  f"{size} bytes")
     hi = size if end is None else min(end + 1, size)
     return start, hi
 

@@ -34,6 +34,8 @@ def test_suffix_and_open_ranges() -> None:
             resolve_range(100, *bad)
     with pytest.raises(RangeNotSatisfiable):
         resolve_range(100, None, 0)
+    with pytest.raises(RangeNotSatisfiable, match=r"^range 200- of an object of 100 bytes$"):
+        resolve_range(100, 200, None)   # as the user wrote it: it said "200-None"
 
 
 def test_read_plan_prefers_data_then_replaces_each_failure_at_once() -> None:
