@@ -27,6 +27,12 @@ class SyncClient:
         self._thread.start()
         self.client = Client.connect(cluster, **cache)
 
+    @property
+    def read_stats(self) -> dict[str, int]:
+        """The client's read counters (Client.read_stats): segments fetched, fragment GETs,
+        coalesced reads, cache hits, segments read ahead."""
+        return self.client.read_stats
+
     def _run(self, coro: Awaitable[T]) -> T:
         if self._loop.is_closed():
             if inspect.iscoroutine(coro):

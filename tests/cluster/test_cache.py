@@ -55,6 +55,16 @@ def test_second_read_comes_from_the_cache_and_survives_a_restart(
     run(go())
 
 
+def test_a_sync_client_has_the_read_stats_the_readme_shows(cluster: LocalCluster,
+                                                          data: dict[str, bytes],
+                                                          tmp_path: Path) -> None:
+    """README's local-cache example makes a SyncClient and reads `client.read_stats`."""
+    with SyncClient(cluster.path, cache_dir=tmp_path) as c:
+        assert c.get("cache", "three") == data["three"]
+        assert c.get("cache", "three") == data["three"]
+        assert c.read_stats["segments_fetched"] == 3 and c.read_stats["cache_hits"] == 3
+
+
 def test_a_segment_read_in_place_is_shared_read_only(cluster: LocalCluster,
                                                      data: dict[str, bytes], tmp_path: Path) -> None:
     """A segment read in place (its data fragments straight into one buffer) is handed to
