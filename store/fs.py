@@ -496,8 +496,8 @@ class ECStoreFileSystem(AsyncFileSystem):  # type: ignore[misc]
                 return
             try:
                 await c.delete_bucket(bucket)
-            except Conflict:
-                raise OSError(errno.ENOTEMPTY, "bucket not empty", path) from None
+            except Conflict as exc:
+                raise OSError(errno.ENOTEMPTY, "bucket not empty", path) from exc
 
     def rmdir(self, path: str) -> None:
         self._run(self._rmdir(path))

@@ -268,6 +268,7 @@ def test_rm_deletes_files_prefixes_and_empty_buckets(fs: ECStoreFileSystem) -> N
     with pytest.raises(OSError) as exc:
         fs.rmdir(b)
     assert exc.value.errno == errno.ENOTEMPTY
+    assert isinstance(exc.value.__cause__, Conflict)   # the cluster's answer, as README says
     fs.rm(f"ecstore://{b}", recursive=True)  # the bucket goes too
     assert not fs.exists(b) and b not in fs.ls("", detail=False)
     with pytest.raises(FileNotFoundError):
