@@ -173,6 +173,14 @@ class NodeSpec:
                 "pid": self.pid}
 
 
+def _private_dir(path: Path) -> None:
+    """A directory of the cluster's, for this user only (0700): the logs name buckets and
+    keys, the data directories hold objects (nodes also make their own 0700)."""
+    path.mkdir(parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o700)
+
+
 def _reap(pid: int, deadline: float) -> None:
     """Wait for a signalled process to exit until `deadline`, then SIGKILL it (and wait
     5 s more for that)."""
@@ -266,7 +274,7 @@ class LocalCluster:
         return [n.id for n in self.nodes.values() if pid_alive(n.pid)]
 
     def write(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        _private_dir(self.dir)
         data = {
             "secret": self.secret,
             "control": [n.url for n in self.nodes.values() if n.role == "control"],
@@ -287,9 +295,10 @@ class LocalCluster:
     # ---- processes ----------------------------------------------------------------------
     def start_node(self, node_id: str) -> None:
         n = self.nodes[node_id]
-        Path(n.data).mkdir(parents=True, exist_ok=True)
+        _private_dir(self.dir)      # cluster.json, the logs, the nodes' data: ours only
+        _private_dir(Path(n.data))
         logs = self.dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
+        _private_dir(logs)
         cmd = [sys.executable, "-m", f"node.{n.role}", "--id", n.id, "--port", str(n.port)]
         env = {**os.environ, "ECSTORE_SECRET": self.secret}
         if n.role == "gateway":
@@ -301,7 +310,8 @@ class LocalCluster:
             cmd += ["--data", n.data] + ([] if self.fsync else ["--no-fsync"])
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-        with open(logs / f"{n.id}.log", "ab") as log:
+        with open(os.open(logs / f"{n.id}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600),
+                  "ab") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
         self.procs[node_id] = proc

@@ -82,6 +82,15 @@ def test_a_nodes_data_is_for_its_own_user_only(workdir: Path) -> None:
         assert made, n["id"]
         assert all(stat.S_IMODE(p.stat().st_mode) & 0o077 == 0 for p in made), \
             [(str(p), oct(p.stat().st_mode)) for p in made if p.stat().st_mode & 0o077]
+    # the cluster's own directory, its logs (they name buckets and keys) and the gateway's
+    # directory too: they were 0755 and 0644
+    top = workdir / ".ecstore"
+    for d in (top, top / "logs", Path(next(n["data"] for n in data["nodes"]
+                                            if n["role"] == "gateway"))):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+    logs = list((top / "logs").glob("*.log"))
+    assert logs and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in logs), \
+        [(str(p), oct(p.stat().st_mode)) for p in logs]
 
 
 def test_put_get_ls_head_rm(workdir: Path) -> None:
