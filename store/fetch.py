@@ -287,7 +287,7 @@ class NodeClient:
         requests we send are idempotent but for read-count reports (advisory: one counted
         twice, at worst)."""
         addr = self._address(base_url)
-        hdrs = sign_headers(self.secret, method, path_qs, checksum)
+        hdrs = sign_headers(self.secret, method, path_qs, checksum, headers=extra_headers)
         if extra_headers:
             hdrs.update(extra_headers)
         fields = "".join(f"{k}: {v}\r\n" for k, v in hdrs.items())
