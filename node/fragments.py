@@ -73,7 +73,7 @@ from node.volumes import (
 )
 from store.alloc import unfilled
 from store.digest import matches as digest_matches
-from store.errors import BadRequest, Corrupt, InsufficientStorage, NotFound
+from store.errors import BadRequest, Corrupt, InsufficientStorage, NotFound, Unavailable
 from store.wire import pack
 
 log = logging.getLogger("ecstore.fragments")
@@ -159,6 +159,9 @@ class FragmentStore:
         # how many were written and read uncached
         self.uncached_flag = RWF_DONTCACHE or 0
         self.uncached_writes = self.uncached_reads = 0
+        # why writes are refused since a volume sync or write failed (EIO, a read-only
+        # filesystem): nothing written after that may be called durable - until a restart
+        self.write_failure: str | None = None
         t0 = time.monotonic()
         self.open_volumes()
         migrated = self._migrate_files()
@@ -334,7 +337,7 @@ class FragmentStore:
         w = self.write_record(fid, body, checksum, meta, reserve, uncached)
         try:
             if self.fsync and sync:
-                w.vol.sync()
+                self.sync_volume(w.vol)
         except BaseException:
             self.abandon(w)
             raise
@@ -348,6 +351,7 @@ class FragmentStore:
         commit_record(w), or abandon(w) if the sync failed. `uncached`: written without
         staying in the page cache where the kernel can (uncached_flag)."""
         check_fragment_id(fid)
+        self.check_writable()
         if not digest_matches(body, checksum):
             raise BadRequest("body does not match its checksum (truncated or damaged upload)")
         st = os.statvfs(self.vdir)
@@ -364,11 +368,34 @@ class FragmentStore:
         try:
             prefix = RECORD_PREFIX.pack(RECORD_MAGIC, len(header), vol.header_crc(header))
             dropped = self._write(vol, off, [prefix, header, body], length, uncached)
-        except BaseException:
+        except BaseException as exc:
             with self._lock:
                 self._done(vol)
+            if isinstance(exc, OSError) and exc.errno in (errno.EIO, errno.EROFS):
+                self._fail_writes(f"a write to volume {vol.vid} failed: "
+                                  f"{exc.strerror or exc} (errno {exc.errno})")
             raise
         return Written(fid, vol, off, length, seq, uncached and not dropped)
+
+    def sync_volume(self, vol: Volume) -> None:
+        """vol.sync(); a failure stops every write of this store (_fail_writes)."""
+        try:
+            vol.sync()
+        except OSError:
+            self._fail_writes(f"a sync of volume {vol.vid} failed: {vol.sync_error}")
+            raise
+
+    def _fail_writes(self, why: str) -> None:
+        if self.write_failure is None:
+            self.write_failure = f"{why} at {time.strftime('%Y-%m-%d %H:%M:%S')}"
+            log.error("writes refused from now on: %s; check the disk, then restart the "
+                      "node (what it acknowledged before is on the disk)", why)
+
+    def check_writable(self) -> None:
+        """Unavailable (503: the client writes elsewhere) once a write or sync failed."""
+        if self.write_failure is not None:
+            raise Unavailable(f"this storage node refuses writes: {self.write_failure}; "
+                              "check its disk and restart it")
 
     def abandon(self, w: Written) -> None:
         """A written record that will not be committed (its sync failed)."""
@@ -510,6 +537,7 @@ class FragmentStore:
 
     def delete(self, fid: str) -> None:
         check_fragment_id(fid)
+        self.check_writable()
         with self._lock:
             loc = self._index.pop(fid, None)
             if loc is None:
@@ -546,7 +574,11 @@ class FragmentStore:
     def read(self, fid: str, verify: bool = True, uncached: bool = False) -> Fragment:
         """Read (and with verify, check) one fragment; NotFound, or Corrupt after
         quarantining it. `uncached`: as pread_uncached."""
-        raw, loc = self.read_raw(fid, uncached)
+        try:
+            raw, loc = self.read_raw(fid, uncached)
+        except Corrupt:   # the disk could not read it (EIO)
+            self.quarantine_fragment(fid)
+            raise
         try:
             return self.check_record(fid, raw, loc, verify)
         except Corrupt:
@@ -612,9 +644,17 @@ class FragmentStore:
         """A fragment's whole record, unchecked, and where it was read from (for
         quarantine_fragment); NotFound. `uncached`: as pread_uncached."""
         loc, vol = self._locate(fid)
-        if uncached:
-            return self.pread_uncached(vol, loc_length(loc), loc_off(loc)), loc
-        return pread_padded(vol.fd, loc_length(loc), loc_off(loc)), loc
+        try:
+            if uncached:
+                return self.pread_uncached(vol, loc_length(loc), loc_off(loc)), loc
+            return pread_padded(vol.fd, loc_length(loc), loc_off(loc)), loc
+        except OSError as exc:
+            if exc.errno != errno.EIO:
+                raise
+            # a bad sector: the fragment is as lost as a damaged one (quarantined by
+            # read() and the scrubber, rebuilt elsewhere by repair), not a 500 to retry
+            raise Corrupt(f"fragment {fid} could not be read: {exc.strerror} "
+                          f"(errno {exc.errno})") from None
 
     def pread_uncached(self, vol: Volume, length: int, offset: int) -> bytes | bytearray:
         """pread_padded for a reader nobody will follow soon (the scrubber, compaction, the
@@ -674,8 +714,12 @@ class FragmentStore:
             loc = self._index.get(fid)
             if loc is None or (where is not None and loc_seq(loc) != loc_seq(where)):
                 return False
-            raw = os.pread(self._volumes[loc_vid(loc)].fd, loc_length(loc), loc_off(loc))
-            self._quarantine_bytes(fid, raw)
+            try:
+                raw = os.pread(self._volumes[loc_vid(loc)].fd, loc_length(loc), loc_off(loc))
+            except OSError as exc:   # unreadable: nothing to keep a copy of
+                log.error("quarantine of %s: no copy kept (%s)", fid, exc.strerror or exc)
+            else:
+                self._quarantine_bytes(fid, raw)
             del self._index[fid]
             self._forget(fid, loc)
             vol, off, parts, length = self._append_tombstone(fid)
@@ -768,6 +812,8 @@ class FragmentStore:
         them; blocking, one compaction at a time. `pace(n)` is called after each record
         of n bytes is copied (the storage node sleeps in it to hold a rate)."""
         out = CompactResult()
+        if self.write_failure is not None:   # it writes; the volumes stay as they are
+            return out
         with self._compact_lock:
             for vol in self.compactable()[:max_volumes]:
                 with self._lock:
@@ -869,7 +915,7 @@ class FragmentStore:
                 pace(loc_length(loc))
         if self.fsync:
             for dest in dests.values():
-                dest.sync()
+                self.sync_volume(dest)   # raises: the sources stay, nothing is repointed
         for dest, off, length in to_drop:
             self.drop_written(dest, off, length)
         with self._lock:

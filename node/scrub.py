@@ -194,6 +194,12 @@ class Scrubber:
             raw, inode = self.store.read_raw(fid, uncached=True)   # keeps readers' cache
         except NotFound:  # deleted (or quarantined by a read) since it was listed
             return
+        except Corrupt as exc:   # unreadable (EIO): counted, quarantined, rebuilt by repair
+            r.checked += 1
+            if self.store.quarantine_fragment(fid):
+                log.warning("quarantined %s: %s", fid, exc.message)
+                r.corrupt.append(fid)
+            return
         r.checked += 1
         r.bytes_checked += len(raw)
         try:

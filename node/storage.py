@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import threading
@@ -199,14 +200,14 @@ class PutQueue:
                 written.append((store.write_record(p.fid, p.body, p.checksum, p.meta,
                                                    uncached=p.uncached), p.fut))
             except Exception as exc:  # noqa: BLE001 - this put's answer
-                results.append((p.fut, exc))
-        failed: dict[int, OSError] = {}
+                results.append((p.fut, _disk_error(exc)))
+        failed: dict[int, Exception] = {}
         if store.fsync:
             for vol in {id(w.vol): w.vol for w, _ in written}.values():
                 try:
-                    vol.sync()
+                    store.sync_volume(vol)
                 except OSError as exc:
-                    failed[id(vol)] = exc
+                    failed[id(vol)] = _disk_error(exc)
         while written:
             w, fut = written.pop(0)
             sync_error = failed.get(id(w.vol))
@@ -218,6 +219,15 @@ class PutQueue:
 
 
 PUTS = web.AppKey("puts", PutQueue)
+
+
+def _disk_error(exc: Exception) -> Exception:
+    """A put's OSError (the disk failed a write or a sync) as Unavailable: a 503 that
+    sends the client to another node, not a 500 logged as a bug."""
+    if isinstance(exc, OSError) and exc.errno != errno.ENOSPC:   # full: its own answer, 507
+        return Unavailable(f"the disk failed this write: {exc.strerror or exc} "
+                           f"(errno {exc.errno})")
+    return exc
 
 
 def _settle(results: list[tuple[asyncio.Future[bool], bool | BaseException]]) -> None:
@@ -338,10 +348,13 @@ async def status(request: web.Request) -> web.Response:
     store, cfg = request.app[STORE], request.app[CONFIG]
     disk = await _in_thread(store.disk)
     full = disk_full_problem(disk["disk_free_bytes"], store.reserve_bytes)
+    problems = [p for p in (full, store.write_failure and
+                            f"writes refused: {store.write_failure}; check the disk, then "
+                            "restart the node") if p]
     return web.json_response({"node_id": cfg.node_id, "role": "storage",
                               "fragments": store.count, "bytes": store.bytes, **disk,
                               "reserve_bytes": store.reserve_bytes,
-                              "problems": [] if full is None else [full],
+                              "problems": problems,
                               "quarantined": store.quarantined,
                               "scrub": {**request.app[SCRUB_STATS].to_json(),
                                         "rate_mb_s": cfg.scrub_rate_mb_s}})

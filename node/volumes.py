@@ -32,6 +32,7 @@ store that keeps the index and writes, deletes and compacts is node/fragments.py
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
 import re
@@ -79,7 +80,7 @@ class Volume:
 
     __slots__ = ("vid", "path", "fd", "salt", "min_seq", "end", "live_bytes", "writers",
                  "dropped", "damaged", "_salt_crc", "_sync_cv", "_ticket", "_synced",
-                 "_syncing")
+                 "_syncing", "sync_error")
 
     def __init__(self, vid: int, path: str, fd: int, salt: bytes, min_seq: int,
                  end: int) -> None:
@@ -94,6 +95,7 @@ class Volume:
         self._sync_cv = threading.Condition()
         self._ticket = self._synced = 0
         self._syncing = False
+        self.sync_error: str | None = None   # why a sync failed: every later one fails too
 
     def __del__(self) -> None:
         with contextlib.suppress(OSError, AttributeError):
@@ -124,12 +126,19 @@ class Volume:
 
     def sync(self) -> None:
         """fdatasync covering every write that finished before this call: concurrent
-        callers share one (a group commit) instead of queueing one each."""
+        callers share one (a group commit) instead of queueing one each.
+
+        A failed one fails every later one (OSError EIO), whoever calls: the kernel reports
+        a writeback error once, and the pages it could not write stay in the page cache
+        marked clean - a later fdatasync returns 0 with them, or the records appended next
+        to them, never on the disk (fsyncgate). Nothing written to this file since its last
+        good sync may be called durable again."""
         with self._sync_cv:
             self._ticket += 1
             mine = self._ticket
             while self._syncing:
                 self._sync_cv.wait()
+            self._raise_if_failed()
             if self._synced >= mine:
                 return
             self._syncing = True
@@ -138,12 +147,21 @@ class Volume:
         try:
             os.fdatasync(self.fd)
             synced = True
+        except OSError as exc:
+            with self._sync_cv:
+                self.sync_error = f"{exc.strerror or exc} (errno {exc.errno})"
+            raise
         finally:
             with self._sync_cv:
                 self._syncing = False
                 if synced:
                     self._synced = max(self._synced, upto)
                 self._sync_cv.notify_all()
+
+    def _raise_if_failed(self) -> None:
+        if self.sync_error is not None:
+            raise OSError(errno.EIO, f"volume {self.vid}: an earlier sync failed "
+                          f"({self.sync_error}); nothing written since can be made durable")
 
 
 # Where one record is: its volume's number, offset, length (prefix + header + body) and

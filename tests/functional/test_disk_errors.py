@@ -1,0 +1,160 @@
+"""A storage node's disk failing under it (found on a real failing disk, a FUSE layer that
+injected EIO under ext4): a failed fdatasync is not forgotten by a later one that returns
+0, compaction keeps its sources when its copy could not be synced, and a fragment the
+disk cannot read (EIO) is quarantined - counted by the scrubber, rebuilt by repair - not
+answered 500 for ever. Real volumes on a real disk; the OS calls fail where injected."""
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from node import fragments, volumes
+from node.fragments import FragmentStore
+from node.scrub import Scrubber
+from store.digest import digest
+from store.errors import Corrupt, NotFound, Unavailable
+
+
+def put(store: FragmentStore, fid: str, body: bytes) -> None:
+    store.put(fid, body, digest(body), {"crc32": 1})
+
+
+def test_a_sync_waiting_behind_a_failed_one_fails_too(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two writers sync one volume: the first fdatasync fails (EIO), the kernel reports it
+    to that caller only, and the second caller's own fdatasync returns 0 - which it took
+    as its records being on the disk. Now every sync after a failed one fails."""
+    store = FragmentStore(tmp_path, fsync=True, reserve_bytes=0)
+    put(store, "a.0.0", b"a" * 5000)
+    vol = store._volumes[max(store._volumes)]
+    entered, release = threading.Event(), threading.Event()
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        if not entered.is_set():
+            entered.set()
+            release.wait(10)
+            raise OSError(errno.EIO, "I/O error (injected)")
+        real(fd)      # the error was reported once: the next call returns 0
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    outcomes: dict[str, BaseException | None] = {}
+
+    def sync(name: str) -> None:
+        try:
+            vol.sync()
+            outcomes[name] = None
+        except OSError as exc:
+            outcomes[name] = exc
+    first = threading.Thread(target=sync, args=("first",))
+    first.start()
+    assert entered.wait(10)
+    second = threading.Thread(target=sync, args=("second",))
+    second.start()
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert isinstance(outcomes["first"], OSError) and isinstance(outcomes["second"], OSError)
+    with pytest.raises(OSError) as later:
+        vol.sync()
+    assert later.value.errno == errno.EIO and "earlier sync failed" in str(later.value)
+
+
+def test_after_a_failed_sync_the_store_refuses_writes_and_keeps_what_it_had(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = FragmentStore(tmp_path, fsync=True, reserve_bytes=0)
+    put(store, "a.0.0", b"a" * 5000)
+    real, fail = os.fdatasync, [True]
+
+    def fdatasync(fd: int) -> None:
+        if fail[0]:
+            fail[0] = False
+            raise OSError(errno.EIO, "I/O error (injected)")
+        real(fd)
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    with pytest.raises(OSError):
+        put(store, "b.0.0", b"b" * 5000)
+    with pytest.raises(Unavailable, match="refuses writes"):
+        put(store, "c.0.0", b"c" * 5000)
+    with pytest.raises(Unavailable):
+        store.delete("a.0.0")
+    assert store.compact().volumes == 0
+    assert bytes(store.read("a.0.0").body) == b"a" * 5000
+    with pytest.raises(NotFound):
+        store.read("b.0.0")
+    assert "sync of volume" in (store.write_failure or "")
+
+
+def test_compaction_keeps_its_sources_when_its_copy_cannot_be_synced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compaction copies the live records to the newest volume, syncs it, then deletes the
+    old one: a failed sync (the writers' sync had taken the error, or this one gets it)
+    must leave the old volume where it is."""
+    store = FragmentStore(tmp_path, fsync=True, reserve_bytes=0, volume_bytes=64 * 1024)
+    kept = {f"k{i}.0.0": os.urandom(6000) for i in range(4)}
+    for fid, b in kept.items():
+        put(store, fid, b)
+    for i in range(12):
+        put(store, f"gone{i}.0.0", os.urandom(6000))
+        store.delete(f"gone{i}.0.0")
+    before = sorted(p.name for p in (tmp_path / "volumes").glob("*.vol"))
+    assert store.compactable()
+    real, fail = os.fdatasync, [True]
+
+    def once(fd: int) -> None:   # a writer's sync takes the error; the next returns 0
+        if fail[0]:
+            fail[0] = False
+            raise OSError(errno.EIO, "I/O error (injected)")
+        real(fd)
+    monkeypatch.setattr(os, "fdatasync", once)
+    with pytest.raises(OSError):
+        put(store, "late.0.0", b"x" * 6000)
+    assert store.compact().volumes == 0     # it compacted (and deleted) with a 0 from sync
+    assert sorted(p.name for p in (tmp_path / "volumes").glob("*.vol")) == before
+
+    def always(fd: int) -> None:            # compaction's own sync failing
+        raise OSError(errno.EIO, "I/O error (injected)")
+    monkeypatch.setattr(os, "fdatasync", always)
+    fresh = FragmentStore(tmp_path, fsync=True, reserve_bytes=0, volume_bytes=64 * 1024)
+    with pytest.raises(OSError):
+        fresh.compact()
+    assert set(before) <= {p.name for p in (tmp_path / "volumes").glob("*.vol")}
+    monkeypatch.undo()
+    again = FragmentStore(tmp_path, fsync=True, reserve_bytes=0, volume_bytes=64 * 1024)
+    assert {fid: bytes(again.read(fid).body) for fid in kept} == kept
+
+
+def test_a_fragment_the_disk_cannot_read_is_quarantined_and_the_scrubber_counts_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """EIO under a record: a read answers corrupt and quarantines it (repair rebuilds it
+    elsewhere), the scrubber counts it - it answered 500 on every read, the scrubber's
+    pass stopped at it, and nothing ever reported it."""
+    store = FragmentStore(tmp_path, fsync=True, reserve_bytes=0)
+    for fid in ("bad.0.0", "good.0.0", "worse.0.0"):
+        put(store, fid, fid.encode() * 1000)
+    bad = {store.record_at(f)[1] for f in ("bad.0.0", "worse.0.0")}   # their offsets
+    real_pread, real_preadv = os.pread, os.preadv
+
+    def pread(fd: int, n: int, off: int) -> bytes:
+        if off in bad:
+            raise OSError(errno.EIO, "Input/output error (injected)")
+        return real_pread(fd, n, off)
+
+    def preadv(fd: int, bufs: list, off: int, *flags: int) -> int:   # type: ignore[type-arg]
+        if off in bad:
+            raise OSError(errno.EIO, "Input/output error (injected)")
+        return real_preadv(fd, bufs, off, *flags)
+    monkeypatch.setattr(os, "pread", pread)
+    monkeypatch.setattr(os, "preadv", preadv)
+    monkeypatch.setattr(volumes.os, "pread", pread)
+    monkeypatch.setattr(fragments.os, "pread", pread)
+    with pytest.raises(Corrupt, match="could not be read"):
+        store.read("bad.0.0")
+    assert "bad.0.0" not in store.list("", 100)
+    result = Scrubber(store).step(100)
+    assert result.corrupt == ["worse.0.0"] and result.checked == 2
+    assert store.list("", 100) == ["good.0.0"]
+    assert set(store.quarantined_ids()) <= {"bad.0.0", "worse.0.0"}
