@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, Callable, TypeVar, overload
 
 from placement.cluster_map import ClusterMap
-from placement.nodes import Node
+from placement.nodes import Node, UnknownNodeError
 from placement.policy import Policy
 from store import codec
 from store.auth import CHECKSUM_HEADER
@@ -435,13 +436,17 @@ async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
 def expected_fragment_nodes(cmap: ClusterMap, record: dict[str, Any], seg: int,
                             extent: Extent | None = None) -> list[Node]:
     """The node a reader asks for each fragment index of one segment of `extent` (default:
-    the record's first), handoffs applied."""
+    the record's first), handoffs applied - but for a handoff node no longer in the map
+    (removed since): its fragment is where the map places it once rebalance moved it or
+    repair rebuilt it there, and missing until then (a degraded read). A record naming
+    such a node made every read, repair, rebalance and gc of it fail (UnknownNodeError)."""
     ext = extent or record_extents(record)[0]
     nodes = list(cmap.fragment_nodes(record_policy(cmap, record), ext.version_id, seg))
     for idx_key, node_id in ext.handoffs.items():
         s, i = idx_key.split(".")
         if int(s) == seg:
-            nodes[int(i)] = cmap.storage_node(node_id)
+            with contextlib.suppress(UnknownNodeError):
+                nodes[int(i)] = cmap.storage_node(node_id)
     return nodes
 
 
