@@ -30,7 +30,7 @@ from store.cluster import read_cluster_file
 from store.errors import BadRequest
 from store.keys import new_key_pair
 
-HEALTH_TIMEOUT_S = 30.0
+HEALTH_TIMEOUT_S = 120.0   # a node opening a big store from a cold page cache takes a while
 GATEWAY_HEALTH_PATH = "/_ecstore/health"
 GATEWAY_REGION = "us-east-1"
 STOP_TIMEOUT_S = 10.0

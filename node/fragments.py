@@ -203,7 +203,10 @@ class FragmentStore:
             return None
         size = vol.end
         self._seq = max(self._seq, vol.min_seq)     # the seq it was made at, so far
-        records, good_end, skipped = scan_records(vol, size)
+        # heads only (no read-around): readahead brought every body of the volume in to
+        # read its heads - a node with 2.2 GB of fragments took 31 s to open from a cold
+        # cache (400 MiB read for 400 fragments, 1.6 MiB without), past `cluster up`'s wait
+        records, good_end, skipped = scan_records(vol, size, heads_only=True)
         for pos, fid, seq, deleted, length in records:
             self._apply(fid, make_loc(vid, pos, length, seq), deleted)
             vol.min_seq = min(vol.min_seq, seq)
