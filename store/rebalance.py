@@ -65,6 +65,7 @@ class RebalanceReport(WorkReport):
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
     unlisted: list[str] = field(default_factory=list)   # storage nodes that did not answer
+    resumed_after: int = 0    # objects an earlier, killed run had done: this pass saw the rest
 
     def to_dict(self) -> dict[str, Any]:
         return {**super().to_dict(), "moved_mb_s": self.mb_s(self.bytes_moved)}
@@ -89,8 +90,9 @@ class RebalanceWorker:
         done_upto = self.checkpoint.load()
         self.todo = [r for r in records if (r[0], r[1]) > done_upto]
         self.resumed_after = len(records) - len(self.todo)
-        self.report = RebalanceReport()
+        self.report = RebalanceReport(resumed_after=self.resumed_after)
         self.planned_bytes = 0
+        self._held = False   # a move failed: the checkpoint stays before its object (step)
 
     @property
     def remaining(self) -> int:
@@ -118,9 +120,13 @@ class RebalanceWorker:
                 await self.limiter.spend(size)
             except EcstoreError as exc:
                 self.report.failed += 1
+                self._held = True
                 self.report.errors.append(f"{bucket}/{key} {mv.fid} {mv.source.id}->"
                                           f"{mv.target.id}: {exc.message}")
-        self.checkpoint.save(bucket, key)
+        # a resumed run starts after the checkpoint: past an object whose move failed it
+        # would not look at it again, and its pass would call the ring settled
+        if not self._held:
+            self.checkpoint.save(bucket, key)
         return True
 
     async def _move(self, mv: Move) -> int:

@@ -106,6 +106,7 @@ class RepairWorker:
         self.todo = [r for r in records if (r[0], r[1]) > done_upto]
         self.skipped = len(records) - len(self.todo)
         self.report = RepairReport()
+        self._held = False   # an object failed: the checkpoint stays before it (see step)
 
     def finish(self) -> None:
         self.checkpoint.finish()
@@ -126,10 +127,15 @@ class RepairWorker:
         r.fragments_missing += sum(len(s.missing) for s in plan.segments)
         if plan.unrecoverable:
             r.unrecoverable.append(f"{bucket}/{key}")
+        failed_before = r.failed
         if not self.dry_run:
             for seg in plan.segments:
                 await self._repair_segment(plan, seg)
-        self.checkpoint.save(bucket, key)
+        # a resumed run starts after the checkpoint: past an object whose rebuild failed it
+        # would never look at it again (a resumed repair said "0 missing" with 39 missing)
+        self._held = self._held or r.failed > failed_before
+        if not self._held:
+            self.checkpoint.save(bucket, key)
         return True
 
     async def _repair_segment(self, plan: ObjectPlan, seg: SegmentRepair) -> None:
