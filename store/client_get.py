@@ -437,16 +437,24 @@ def expected_fragment_nodes(cmap: ClusterMap, record: dict[str, Any], seg: int,
                             extent: Extent | None = None) -> list[Node]:
     """The node a reader asks for each fragment index of one segment of `extent` (default:
     the record's first), handoffs applied - but for a handoff node no longer in the map
-    (removed since): its fragment is where the map places it once rebalance moved it or
-    repair rebuilt it there, and missing until then (a degraded read). A record naming
-    such a node made every read, repair, rebalance and gc of it fail (UnknownNodeError)."""
+    (removed since), and one the map now places another fragment of the segment on (a
+    ring change made the spare a primary): such a fragment is looked for where the map
+    places it, moved there by the rebalance that follows the change (or rebuilt there by
+    repair), and read degraded until then. A record naming a removed node made every read,
+    repair, rebalance and gc of it fail (UnknownNodeError); one whose handoff node became
+    another fragment's kept two fragments of the segment on one node - repair rebuilt
+    onto it, and losing it and one more lost the object."""
     ext = extent or record_extents(record)[0]
-    nodes = list(cmap.fragment_nodes(record_policy(cmap, record), ext.version_id, seg))
+    primaries = cmap.fragment_nodes(record_policy(cmap, record), ext.version_id, seg)
+    nodes = list(primaries)
     for idx_key, node_id in ext.handoffs.items():
         s, i = idx_key.split(".")
-        if int(s) == seg:
-            with contextlib.suppress(UnknownNodeError):
-                nodes[int(i)] = cmap.storage_node(node_id)
+        if int(s) != seg:
+            continue
+        with contextlib.suppress(UnknownNodeError):
+            node = cmap.storage_node(node_id)
+            if not any(n.id == node.id for j, n in enumerate(primaries) if j != int(i)):
+                nodes[int(i)] = node
     return nodes
 
 

@@ -47,3 +47,28 @@ def test_a_fragment_still_at_its_previous_placement_is_not_missing() -> None:
         ids.discard(lost)
     plan = plan_object(after, "b", "k", rec, listings)
     assert [(s.segment, s.missing) for s in plan.segments] == [(0, (0,))]
+
+
+def test_a_handoff_onto_a_node_the_map_now_gives_another_fragment_is_not_followed() -> None:
+    """A put with a node down pins a fragment to a spare (record["handoffs"]); a ring
+    change can make that spare the node of another fragment of the same segment. Readers,
+    repair and rebalance followed the handoff: two fragments of the segment on one node,
+    repair rebuilt onto it, and losing it and one more lost the object (crash sweep).
+    Such a handoff is not followed: the fragment belongs where the map places it (the
+    rebalance moves it there, else repair rebuilds it), so the segment's nodes stay
+    distinct. A handoff onto a spare is followed; one onto a node gone from the map too."""
+    from store.client_get import expected_fragment_nodes
+    cmap = ClusterMap.initial(nodes(8), [Node(id="c1", address="http://127.0.0.1:9100",
+                                              zone="c1", tier="control")])
+    pol = cmap.policy("hot")
+    row = cmap.fragment_nodes(pol, VID, 0)
+    spare = next(n for n in nodes(8) if n.id not in {r.id for r in row})
+    rec = record(1)
+    rec["handoffs"] = {"0.4": row[1].id}       # another fragment's node now
+    got = expected_fragment_nodes(cmap, rec, 0)
+    assert [n.id for n in got] == [n.id for n in row]
+    assert len({n.id for n in got}) == 6
+    rec["handoffs"] = {"0.4": spare.id}
+    assert expected_fragment_nodes(cmap, rec, 0)[4].id == spare.id
+    rec["handoffs"] = {"0.4": "s99"}           # removed from the map
+    assert [n.id for n in expected_fragment_nodes(cmap, rec, 0)] == [n.id for n in row]
