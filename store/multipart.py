@@ -219,9 +219,18 @@ async def _forget(c: Client, bucket: str, upload_id: str) -> None:
         async with sem:
             await c.commit(ns, key, {"ts": time.time_ns(), "version_id": new_version_id(),
                                      "deleted": True})
-    await tombstone(UPLOADS_BUCKET, upload_key(bucket, upload_id))
+    # the parts first, the upload last: a process killed in between leaves the upload
+    # listed, so an abort (or a retried complete) forgets the rest - the other way round
+    # it left part records no upload named, whose fragments gc kept for ever
     await asyncio.gather(*(tombstone(PARTS_BUCKET, part_key(upload_id, p.number))
                            for p in parts))
+    await tombstone(UPLOADS_BUCKET, upload_key(bucket, upload_id))
+
+
+async def forget_completed(c: Client, bucket: str, upload_id: str) -> None:
+    """Finish forgetting an upload whose complete committed but was cut short before its
+    part and upload records were tombstoned (its retry)."""
+    await _forget(c, bucket, upload_id)
 
 
 async def list_uploads(c: Client, bucket: str, prefix: str = "") -> list[dict[str, Any]]:

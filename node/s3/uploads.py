@@ -161,6 +161,10 @@ async def complete_upload(ctx: S3Ctx) -> web.StreamResponse:
         # A retry of a complete that committed (its answer lost: a timeout, a cut
         # connection): S3 answers it as the first, and SDKs retry exactly this way.
         return _completed(ctx, done)
+    done = await _completed_from(ctx)
+    if done is not None:   # committed, then cut short before its records were forgotten
+        await mp.forget_completed(ctx.client, ctx.bucket, ctx.query["uploadId"])
+        return _completed(ctx, done)
     checksum = sums.of_upload(up)
     # x-amz-checksum-<algorithm> here is the object's checksum, not the XML body's
     claimed = {CHECKSUM_HEADERS[h.lower()]: v.strip() for h, v in ctx.headers.items()

@@ -484,3 +484,46 @@ def test_s3fs_writes_a_small_file(fs: s3fs.S3FileSystem, s3: BaseClient, bucket:
     assert s3.get_object(Bucket=BUCKET, Key="fs/written.txt")["Body"].read() == b"written by s3fs\n"
     fs.rm(f"{BUCKET}/fs/written.txt")
     assert client_error(lambda: s3.head_object(Bucket=BUCKET, Key="fs/written.txt")) == ("404", 404)
+
+
+def test_a_complete_cut_short_before_its_records_were_forgotten_is_finished_by_its_retry(
+        s3: BaseClient, s3_cluster: LocalCluster, bucket: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gateway killed after CompleteMultipartUpload committed the object but before it
+    tombstoned the upload's records: the parts stayed (gc kept their fragments for ever,
+    even after the object was deleted) and no upload named them. The records are now
+    forgotten parts first, upload last, and the SDK's retry of the complete answers as
+    the first did and forgets what was left."""
+    from store import multipart as mp
+    from store.client import SyncClient
+    key = "mp/cut-short"
+    parts = [random.Random(i).randbytes(5 * 1024 * 1024 if i == 0 else 1000) for i in range(2)]
+    upload_id = s3.create_multipart_upload(Bucket=BUCKET, Key=key)["UploadId"]
+    done = [{"PartNumber": n, "ETag": s3.upload_part(Bucket=BUCKET, Key=key, UploadId=upload_id,
+                                                     PartNumber=n, Body=b)["ETag"]}
+            for n, b in enumerate(parts, 1)]
+
+    with SyncClient(s3_cluster.path) as lib:
+        real, stages = lib.client.commit, []
+
+        async def commit(ns: str, k: str, rec: dict[str, Any]) -> None:
+            """Killed once the first kind of record (upload or parts) is tombstoned."""
+            if rec.get("deleted") and ns in (mp.PARTS_BUCKET, mp.UPLOADS_BUCKET):
+                if stages and ns != stages[0]:
+                    raise RuntimeError("the gateway was killed here")
+                stages.append(ns)
+            await real(ns, k, rec)
+        monkeypatch.setattr(lib.client, "commit", commit)
+        with pytest.raises(RuntimeError):
+            lib._run(mp.complete(lib.client, BUCKET, upload_id,
+                                 [(p["PartNumber"], p["ETag"]) for p in done]))
+        monkeypatch.undo()
+        resp = s3.complete_multipart_upload(Bucket=BUCKET, Key=key, UploadId=upload_id,
+                                            MultipartUpload={"Parts": done})
+        assert resp["ETag"] == s3.head_object(Bucket=BUCKET, Key=key)["ETag"]
+        assert s3.get_object(Bucket=BUCKET, Key=key)["Body"].read() == b"".join(parts)
+        assert lib._run(mp.list_parts(lib.client, upload_id)) == ([], False)
+    assert client_error(lambda: s3.list_parts(Bucket=BUCKET, Key=key, UploadId=upload_id)) == \
+        ("NoSuchUpload", 404)
+    listed = s3.list_multipart_uploads(Bucket=BUCKET).get("Uploads", [])
+    assert upload_id not in [u["UploadId"] for u in listed]
