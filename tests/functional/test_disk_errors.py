@@ -23,6 +23,19 @@ def put(store: FragmentStore, fid: str, body: bytes) -> None:
     store.put(fid, body, digest(body), {"crc32": 1})
 
 
+def fail_next_sync(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next fdatasync fails with EIO and the ones after it return 0, as the kernel
+    reports a writeback error once."""
+    real, fail = os.fdatasync, [True]
+
+    def fdatasync(fd: int) -> None:
+        if fail[0]:
+            fail[0] = False
+            raise OSError(errno.EIO, "I/O error (injected)")
+        real(fd)
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+
+
 def test_a_sync_waiting_behind_a_failed_one_fails_too(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Two writers sync one volume: the first fdatasync fails (EIO), the kernel reports it
@@ -67,14 +80,7 @@ def test_after_a_failed_sync_the_store_refuses_writes_and_keeps_what_it_had(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = FragmentStore(tmp_path, fsync=True, reserve_bytes=0)
     put(store, "a.0.0", b"a" * 5000)
-    real, fail = os.fdatasync, [True]
-
-    def fdatasync(fd: int) -> None:
-        if fail[0]:
-            fail[0] = False
-            raise OSError(errno.EIO, "I/O error (injected)")
-        real(fd)
-    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    fail_next_sync(monkeypatch)
     with pytest.raises(OSError):
         put(store, "b.0.0", b"b" * 5000)
     with pytest.raises(Unavailable, match="refuses writes"):
@@ -102,14 +108,7 @@ def test_compaction_keeps_its_sources_when_its_copy_cannot_be_synced(
         store.delete(f"gone{i}.0.0")
     before = sorted(p.name for p in (tmp_path / "volumes").glob("*.vol"))
     assert store.compactable()
-    real, fail = os.fdatasync, [True]
-
-    def once(fd: int) -> None:   # a writer's sync takes the error; the next returns 0
-        if fail[0]:
-            fail[0] = False
-            raise OSError(errno.EIO, "I/O error (injected)")
-        real(fd)
-    monkeypatch.setattr(os, "fdatasync", once)
+    fail_next_sync(monkeypatch)   # a writer's sync takes the error; the next returns 0
     with pytest.raises(OSError):
         put(store, "late.0.0", b"x" * 6000)
     assert store.compact().volumes == 0     # it compacted (and deleted) with a 0 from sync
