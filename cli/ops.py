@@ -275,13 +275,12 @@ async def _rebalance(c: Client, a: argparse.Namespace, state: Path) -> int:
                      + [("bytes moved", human(rep["bytes_moved"])),
                         ("metadata records moved", md["copied"]),
                         ("metadata failed", md["failed"])], rep["errors"])
-    if last.incomplete and not a.dry_run and rep["settled"]:
-        err.print(f"incomplete: {unlisted_note(last)}; no ring change waits for this rebalance "
-                  "(the map has no previous placement), but what the node holds was not "
-                  "checked: start it and run `ecstore rebalance` again", highlight=False)
-        return 1
     if last.incomplete and not a.dry_run:
-        err.print(f"not settled: {unlisted_note(last)}; the map keeps the previous "
+        err.print(f"incomplete: {unlisted_note(last)}; no ring change waits for this "
+                  "rebalance (the map has no previous placement), but what the node holds "
+                  "was not checked: start it and run `ecstore rebalance` again"
+                  if rep["settled"] else
+                  f"not settled: {unlisted_note(last)}; the map keeps the previous "
                   "placement, where readers still look. Start them and run `ecstore "
                   "rebalance` again; for a node gone for good, take it out of the map "
                   "(`ecstore cluster remove-node` or `ring remove --force`), run `ecstore "

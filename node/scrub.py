@@ -196,18 +196,19 @@ class Scrubber:
             return
         except Corrupt as exc:   # unreadable (EIO): counted, quarantined, rebuilt by repair
             r.checked += 1
-            if self.store.quarantine_fragment(fid):
-                log.warning("quarantined %s: %s", fid, exc.message)
-                r.corrupt.append(fid)
+            self._quarantine(fid, None, exc, r)
             return
         r.checked += 1
         r.bytes_checked += len(raw)
         try:
             self.store.check_record(fid, raw, inode)
         except Corrupt as exc:
-            if self.store.quarantine_fragment(fid, inode):
-                log.warning("quarantined %s: %s", fid, exc.message)
-                r.corrupt.append(fid)
+            self._quarantine(fid, inode, exc, r)
+
+    def _quarantine(self, fid: str, where: int | None, exc: Corrupt, r: StepResult) -> None:
+        if self.store.quarantine_fragment(fid, where):
+            log.warning("quarantined %s: %s", fid, exc.message)
+            r.corrupt.append(fid)
 
     def close(self) -> None:
         if self._in_pass:

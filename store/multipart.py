@@ -201,17 +201,19 @@ async def complete(c: Client, bucket: str, upload_id: str, requested: list[tuple
         **(more_fields(chosen) if more_fields is not None else {}),
     }
     await c.commit(bucket, up["key"], record)
-    await _forget(c, bucket, upload_id)
+    await forget(c, bucket, upload_id)
     return record
 
 
 async def abort(c: Client, bucket: str, upload_id: str) -> None:
     """Drop an upload and its parts (their fragments become garbage). Raises NoSuchUpload."""
     await get_upload(c, bucket, upload_id)
-    await _forget(c, bucket, upload_id)
+    await forget(c, bucket, upload_id)
 
 
-async def _forget(c: Client, bucket: str, upload_id: str) -> None:
+async def forget(c: Client, bucket: str, upload_id: str) -> None:
+    """Tombstone an upload's part records, then its record (after its complete, or an
+    abort; again by the retry of a complete cut short before it was done)."""
     parts = await _all_parts(c, upload_id)
     sem = asyncio.Semaphore(MAX_PARALLEL_READS)
 
@@ -226,11 +228,6 @@ async def _forget(c: Client, bucket: str, upload_id: str) -> None:
                            for p in parts))
     await tombstone(UPLOADS_BUCKET, upload_key(bucket, upload_id))
 
-
-async def forget_completed(c: Client, bucket: str, upload_id: str) -> None:
-    """Finish forgetting an upload whose complete committed but was cut short before its
-    part and upload records were tombstoned (its retry)."""
-    await _forget(c, bucket, upload_id)
 
 
 async def list_uploads(c: Client, bucket: str, prefix: str = "") -> list[dict[str, Any]]:

@@ -92,7 +92,6 @@ class RebalanceWorker:
         self.resumed_after = len(records) - len(self.todo)
         self.report = RebalanceReport(resumed_after=self.resumed_after)
         self.planned_bytes = 0
-        self._held = False   # a move failed: the checkpoint stays before its object (step)
 
     @property
     def remaining(self) -> int:
@@ -120,13 +119,10 @@ class RebalanceWorker:
                 await self.limiter.spend(size)
             except EcstoreError as exc:
                 self.report.failed += 1
-                self._held = True
+                self.checkpoint.hold()   # a resumed pass comes back to this object
                 self.report.errors.append(f"{bucket}/{key} {mv.fid} {mv.source.id}->"
                                           f"{mv.target.id}: {exc.message}")
-        # a resumed run starts after the checkpoint: past an object whose move failed it
-        # would not look at it again, and its pass would call the ring settled
-        if not self._held:
-            self.checkpoint.save(bucket, key)
+        self.checkpoint.save(bucket, key)
         return True
 
     async def _move(self, mv: Move) -> int:

@@ -106,7 +106,6 @@ class RepairWorker:
         self.todo = [r for r in records if (r[0], r[1]) > done_upto]
         self.skipped = len(records) - len(self.todo)
         self.report = RepairReport()
-        self._held = False   # an object failed: the checkpoint stays before it (see step)
 
     def finish(self) -> None:
         self.checkpoint.finish()
@@ -131,11 +130,9 @@ class RepairWorker:
         if not self.dry_run:
             for seg in plan.segments:
                 await self._repair_segment(plan, seg)
-        # a resumed run starts after the checkpoint: past an object whose rebuild failed it
-        # would never look at it again (a resumed repair said "0 missing" with 39 missing)
-        self._held = self._held or r.failed > failed_before
-        if not self._held:
-            self.checkpoint.save(bucket, key)
+        if r.failed > failed_before:
+            self.checkpoint.hold()   # a resumed run comes back to this object
+        self.checkpoint.save(bucket, key)
         return True
 
     async def _repair_segment(self, plan: ObjectPlan, seg: SegmentRepair) -> None:

@@ -127,10 +127,16 @@ def only_one(state: Path, what: str) -> Iterator[None]:
 
 
 class Checkpoint:
-    """How far a resumable pass over sorted (bucket, key) got, in a small JSON file."""
+    """How far a resumable pass over sorted (bucket, key) got, in a small JSON file.
+    hold(): an object failed - the place stays before it from then on, so a run resumed
+    after a kill goes back to it (past it, the failure was never looked at again)."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
+        self.held = False
+
+    def hold(self) -> None:
+        self.held = True
 
     def load(self) -> tuple[str, str]:
         if self.path is None or not self.path.exists():
@@ -145,7 +151,7 @@ class Checkpoint:
         """Record the position; a place it cannot be written (a read-only or missing
         directory that cannot be made) turns saving off with one warning: the pass goes
         on, it just cannot be resumed."""
-        if self.path is None:
+        if self.path is None or self.held:
             return
         tmp = self.path.with_suffix(".tmp")
         text = json.dumps({"bucket": bucket, "key": key})

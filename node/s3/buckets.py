@@ -13,13 +13,12 @@ from urllib.parse import quote
 from aiohttp import web
 
 from node.s3.body import BodyReader
-from node.s3.context import S3Ctx, access_denied, bucket_owner, canned_acl
+from node.s3.context import S3Ctx, access_denied, bucket_owner, canned_acl, check_s3_bucket_name
 from node.s3.errors import S3Error
 from node.s3.objects import acl_xml, read_acl_request
 from node.s3.xml import doc, el, escape, iso8601, owner_xml, parse
-from store.errors import BadRequest, Conflict
+from store.errors import Conflict
 from store.listing import PAST_PREFIX, ListResult
-from store.names import check_bucket_name
 
 MAX_LIST_KEYS = 1000
 MAX_LIST_BUCKETS = 10000   # ListBuckets max-buckets, and its page when a page is asked for
@@ -75,10 +74,7 @@ def _max_buckets(raw: str | None) -> int:
 async def create_bucket(ctx: S3Ctx) -> web.StreamResponse:
     if ctx.user is None:
         raise access_denied()
-    try:
-        check_bucket_name(ctx.bucket)
-    except BadRequest:
-        raise S3Error("InvalidBucketName", "The specified bucket is not valid.") from None
+    check_s3_bucket_name(ctx.bucket)
     acl = canned_acl(ctx.headers)
     body = await BodyReader(ctx.content, ctx.headers, ctx.auth, 64 * 1024).read_all()
     if body.strip():  # CreateBucketConfiguration: only our one region is accepted

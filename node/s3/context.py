@@ -86,10 +86,7 @@ class Gateway:
         if hit is not None and hit[0] > time.monotonic():
             rec = hit[1]
         else:
-            try:
-                check_bucket_name(name)
-            except BadRequest:   # as S3 answers it, for any operation on the bucket
-                raise S3Error("InvalidBucketName", "The specified bucket is not valid.") from None
+            check_s3_bucket_name(name)
             try:
                 rec = await self.client.bucket_record(name)
             except NotFound:
@@ -102,6 +99,14 @@ class Gateway:
 
     def forget_bucket(self, name: str) -> None:
         self._buckets.pop(name, None)
+
+
+def check_s3_bucket_name(name: str) -> None:
+    """InvalidBucketName for a name S3 would not take, as S3 answers any operation on it."""
+    try:
+        check_bucket_name(name)
+    except BadRequest:
+        raise S3Error("InvalidBucketName", "The specified bucket is not valid.") from None
 
 
 def _put_bounded(cache: dict[str, Any], key: str, value: Any) -> None:
@@ -119,9 +124,8 @@ async def defer_continue(request: web.Request) -> None:
     body's first read sends it (ContinuedContent), so a request refused before that (a bad
     signature, a missing bucket, a failed precondition) is answered without the client
     sending its body, as S3 does."""
-    expect = request.headers.get("Expect", "")
-    if request.version == HttpVersion11 and expect.lower() != "100-continue":
-        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
+    if request.version == HttpVersion11 and not expects_continue(request):
+        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {request.headers['Expect']}")
 
 
 def expects_continue(request: web.Request) -> bool:

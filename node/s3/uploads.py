@@ -163,7 +163,7 @@ async def complete_upload(ctx: S3Ctx) -> web.StreamResponse:
         return _completed(ctx, done)
     done = await _completed_from(ctx)
     if done is not None:   # committed, then cut short before its records were forgotten
-        await mp.forget_completed(ctx.client, ctx.bucket, ctx.query["uploadId"])
+        await mp.forget(ctx.client, ctx.bucket, ctx.query["uploadId"])
         return _completed(ctx, done)
     checksum = sums.of_upload(up)
     # x-amz-checksum-<algorithm> here is the object's checksum, not the XML body's

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,17 +17,29 @@ from store.client import Client, SyncClient
 from store.transport import Transport
 
 
+@contextlib.contextmanager
+def running_cluster(prefix: str, keep: bool = False, **sizes: Any) -> Iterator[LocalCluster]:
+    """A local cluster of `sizes` (LocalCluster.create's) in a new temporary directory,
+    started; stopped after as cluster.json lists its nodes (nodes added meanwhile too)
+    and its directory removed unless `keep`."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    c = LocalCluster.create(tmp, **sizes)
+    c.start()
+    try:
+        yield c
+    finally:
+        LocalCluster.load(tmp).stop()
+        if keep:
+            print(f"\nkept cluster directory {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
-    tmp = Path(tempfile.mkdtemp(prefix="ecstore-test-"))
-    c = LocalCluster.create(tmp, storage=6, control=3, k=4, m=2, gateway=False)
-    c.start()
-    yield c
-    c.stop()
-    if request.config.getoption("--keep-tmp"):
-        print(f"\nkept cluster directory {tmp}")
-    else:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with running_cluster("ecstore-test-", request.config.getoption("--keep-tmp"),
+                         storage=6, control=3, k=4, m=2, gateway=False) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")

@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,18 +12,16 @@ import pytest
 from cli.localcluster import LocalCluster
 from store.client import SyncClient
 from store.errors import NotFound, Unavailable
+from tests.cluster.conftest import running_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def seven() -> Iterator[LocalCluster]:
-    tmp = Path(tempfile.mkdtemp(prefix="ecstore-handoff-"))
-    c = LocalCluster.create(tmp, storage=7, control=3, k=4, m=2, gateway=False)
-    c.start()
-    yield c
-    c.stop()
-    shutil.rmtree(tmp, ignore_errors=True)
+    with running_cluster("ecstore-handoff-", storage=7, control=3, k=4, m=2,
+                         gateway=False) as c:
+        yield c
 
 
 def test_put_with_a_node_down_uses_handoffs_and_reads_back(seven: LocalCluster) -> None:

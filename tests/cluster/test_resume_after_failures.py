@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from cli.ops import passes_until_still
 from store.client import Client
 from store.rebalance import RebalanceReport, prepare_rebalance
 from store.repair import prepare_repair
+from tests.cluster.conftest import running_cluster
 
 KEYS = [f"k{i:02d}" for i in range(12)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,12 +31,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    tmp = Path(tempfile.mkdtemp(prefix="ecstore-resume-"))
-    c = LocalCluster.create(tmp, storage=3, control=1, k=2, m=1, gateway=False)
-    c.start()
-    yield c
-    LocalCluster.load(tmp).stop()   # as cluster.json lists them: the node added too
-    shutil.rmtree(tmp, ignore_errors=True)
+    with running_cluster("ecstore-resume-", storage=3, control=1, k=2, m=1,
+                         gateway=False) as c:   # stops the node a test adds too
+        yield c
 
 
 def test_a_rebalance_killed_after_failed_moves_resumes_at_the_first_failure(

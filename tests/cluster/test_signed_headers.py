@@ -4,10 +4,7 @@ request id). A request that signs none - a client of an earlier version - is sti
 from __future__ import annotations
 
 import http.client
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -20,16 +17,14 @@ from store.digest import digest
 from store.striping import fragment_id
 from store.transport import REQUEST_ID_HEADER
 from store.wire import FRAGMENT_META_HEADER, UNCACHED, UNCACHED_HEADER, pack_header
+from tests.cluster.conftest import running_cluster
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    tmp = Path(tempfile.mkdtemp(prefix="ecstore-signed-"))
-    c = LocalCluster.create(tmp, storage=2, control=1, k=1, m=1, gateway=False)
-    c.start()
-    yield c
-    c.stop()
-    shutil.rmtree(tmp, ignore_errors=True)
+    with running_cluster("ecstore-signed-", storage=2, control=1, k=1, m=1,
+                         gateway=False) as c:
+        yield c
 
 
 def send(url: str, method: str, path: str, headers: dict[str, str], body: bytes = b"") -> int:
