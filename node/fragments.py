@@ -162,6 +162,8 @@ class FragmentStore:
         # why writes are refused since a volume sync or write failed (EIO, a read-only
         # filesystem): nothing written after that may be called durable - until a restart
         self.write_failure: str | None = None
+        # volume file -> bytes of it the disk could not read (EIO) when it was scanned
+        self.unreadable: dict[str, int] = {}
         t0 = time.monotonic()
         self.open_volumes()
         migrated = self._migrate_files()
@@ -206,14 +208,24 @@ class FragmentStore:
         # heads only (no read-around): readahead brought every body of the volume in to
         # read its heads - a node with 2.2 GB of fragments took 31 s to open from a cold
         # cache (400 MiB read for 400 fragments, 1.6 MiB without), past `cluster up`'s wait
-        records, good_end, skipped = scan_records(vol, size, heads_only=True)
+        records, good_end, skipped, unreadable = scan_records(vol, size, heads_only=True)
         for pos, fid, seq, deleted, length in records:
             self._apply(fid, make_loc(vid, pos, length, seq), deleted)
             vol.min_seq = min(vol.min_seq, seq)
             self._seq = max(self._seq, seq)
         if skipped:
             log.error("volume %s: skipped %d damaged bytes between records", path, skipped)
-        if good_end < size:
+        if unreadable:
+            # never cut short, compacted or appended to: what the disk can still read of
+            # it is read; the fragments whose heads it cannot are missing here until
+            # repair rebuilds them
+            log.error("volume %s: the disk could not read %d bytes of it (EIO); the records "
+                      "there are missing here until repair rebuilds them - the volume is "
+                      "kept as it is, read, never appended to or compacted", path, unreadable)
+            vol.damaged = True
+            self.unreadable[path] = unreadable
+            self._damaged_tail = self._damaged_tail or last
+        elif good_end < size:
             if last and records_in_tail(vol, good_end, size) >= 2:
                 log.error("volume %s: %d bytes at its end hold records that fail their "
                           "header check - damage (its salt?), not a crash, which cuts short one "
@@ -836,7 +848,13 @@ class FragmentStore:
         live record the scan cannot see (its header damaged since it was written) is
         found by walking the index before the volume may go, and quarantined: a copy
         would give its damaged header a fresh checksum."""
-        records, _, _ = scan_records(vol, vol.end, heads_only=True)
+        records, _, _, unreadable = scan_records(vol, vol.end, heads_only=True)
+        if unreadable:  # records it cannot see may be live: the volume stays as it is
+            log.error("not compacting %s: the disk could not read %d bytes of it (EIO); "
+                      "kept as it is, never compacted", vol.path, unreadable)
+            vol.damaged = True
+            self.unreadable[vol.path] = unreadable
+            return
         live: builtins.list[tuple[str, Loc]] = []
         tombs: builtins.list[tuple[str, Loc]] = []
         for i in range(0, len(records), 4096):    # the lock held a few ms at a time

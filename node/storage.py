@@ -348,9 +348,15 @@ async def status(request: web.Request) -> web.Response:
     store, cfg = request.app[STORE], request.app[CONFIG]
     disk = await _in_thread(store.disk)
     full = disk_full_problem(disk["disk_free_bytes"], store.reserve_bytes)
+    unreadable = dict(store.unreadable)
     problems = [p for p in (full, store.write_failure and
                             f"writes refused: {store.write_failure}; check the disk, then "
-                            "restart the node") if p]
+                            "restart the node",
+                            unreadable and
+                            f"the disk could not read {sum(unreadable.values())} bytes of "
+                            f"{len(unreadable)} volume(s) ({', '.join(sorted(unreadable))}): "
+                            "their fragments there are missing until `ecstore repair` "
+                            "rebuilds them; replace the disk") if p]
     return web.json_response({"node_id": cfg.node_id, "role": "storage",
                               "fragments": store.count, "bytes": store.bytes, **disk,
                               "reserve_bytes": store.reserve_bytes,

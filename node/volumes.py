@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import mmap
 import os
 import re
 import struct
@@ -42,7 +41,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from store.digest import matches as digest_matches
 from store.errors import BadRequest, Corrupt
@@ -207,26 +206,43 @@ def open_volume(vid: int, path: str, flags: int) -> Volume | None:
     return Volume(vid, path, fd, salt, made_seq, os.fstat(fd).st_size)
 
 
-def scan_records(vol: Volume, size: int, heads_only: bool = False
-                  ) -> tuple[list[tuple[int, str, int, bool, int]], int, int]:
-    """Every whole, checked record of a volume file of `size` bytes, as (offset, fid,
-    seq, deleted, length); the end of the last one; bytes skipped between records.
-    `heads_only`: the disk read a page at a time (MADV_RANDOM: no read-around), so that
-    the scan brings the pages of its record heads into the page cache and not the bodies
-    around them (compaction asks the cache afterwards which records were being read)."""
+PAGE = 4096
+SCAN_WINDOW_BYTES = 256 * 1024      # a whole-file scan reads this much at a time
+FIND_CHUNK_BYTES = 1024 * 1024      # looking for the next record after damage
+UNREADABLE_ERRNOS = frozenset({errno.EIO, errno.EBADMSG, errno.ENODATA})
+
+
+class ScanResult(NamedTuple):
+    """What scan_records found in a volume file."""
+    records: list[tuple[int, str, int, bool, int]]  # (offset, fid, seq, deleted, length)
+    good_end: int       # the end of the last whole, checked record
+    skipped: int        # bytes passed over between records (damaged, unreadable or not)
+    unreadable: int     # bytes the disk could not read (EIO): a page each time
+
+
+def scan_records(vol: Volume, size: int, heads_only: bool = False) -> ScanResult:
+    """Every whole, checked record of a volume file of `size` bytes, read through pread.
+    `heads_only`: the disk asked for a page at a time, no read-ahead, so that the scan
+    brings the pages of its record heads into the page cache and not the bodies around
+    them (compaction asks the cache afterwards which records were being read).
+
+    A page the disk cannot read (EIO) is passed over - the records whose heads it holds
+    are missing from the result - and counted in `unreadable`; the scan goes on with the
+    next record found after it. (Through a mapping of the file, mmap, as until the
+    twenty-fourth session, such a page was a SIGBUS that killed the node whenever it
+    opened its volumes, so that it could not start on that disk at all.)"""
     records: list[tuple[int, str, int, bool, int]] = []
     pos = good_end = VOLUME_HEADER.size
     skipped = 0
+    bad: list[int] = []     # offsets of unreadable pages, each counted once
     if size <= pos:
-        return records, good_end, skipped
-    mm = mmap.mmap(vol.fd, size, access=mmap.ACCESS_READ)
-    if heads_only and hasattr(mmap, "MADV_RANDOM"):
-        mm.madvise(mmap.MADV_RANDOM)
-    try:
+        return ScanResult(records, good_end, skipped, 0)
+    with _scan_fd(vol, heads_only) as fd:
+        rd = _Reader(fd, size, PAGE if heads_only else SCAN_WINDOW_BYTES, bad)
         while pos < size:
-            rec = _parse_record_head(mm, pos, size, vol)
+            rec = _parse_record_head(rd, pos, size, vol)
             if rec is None:
-                nxt = _next_record(mm, pos + 1, size, vol)
+                nxt = _next_record(rd, pos + 1, size, vol)
                 if nxt < 0:
                     break
                 skipped += nxt - pos
@@ -236,9 +252,70 @@ def scan_records(vol: Volume, size: int, heads_only: bool = False
             records.append((pos, fid, seq, deleted, length))
             pos += length
             good_end = pos
-    finally:
-        mm.close()
-    return records, good_end, skipped
+    return ScanResult(records, good_end, skipped, len(set(bad)) * PAGE)
+
+
+@contextlib.contextmanager
+def _scan_fd(vol: Volume, heads_only: bool) -> Iterator[int]:
+    if heads_only:
+        with vol.without_readahead() as fd:
+            yield fd
+    else:
+        yield vol.fd
+
+
+class _Reader:
+    """A volume file's bytes through pread, a window of them kept at a time. A page the
+    disk cannot read reads as zeros (no record checks out there) and its offset goes into
+    `bad`; the one page only, so that the records around it are still found."""
+
+    __slots__ = ("fd", "size", "window", "bad", "start", "buf")
+
+    def __init__(self, fd: int, size: int, window: int, bad: list[int]) -> None:
+        self.fd, self.size, self.window, self.bad = fd, size, window, bad
+        self.start, self.buf = 0, b""
+
+    def get(self, pos: int, n: int) -> bytes:
+        """The n bytes from pos (pos + n <= size)."""
+        off = pos - self.start
+        if off < 0 or off + n > len(self.buf):
+            self.start = pos - pos % PAGE
+            self.buf = self.read(self.start, min(self.size, max(pos + n, self.start + self.window)))
+            off = pos - self.start
+        return self.buf[off:off + n]
+
+    def read(self, start: int, end: int) -> bytes:
+        """The bytes from start to end: unreadable pages (and any bytes past the file's
+        end, were it cut short meanwhile) as zeros."""
+        try:
+            return _pread_whole(self.fd, end - start, start)
+        except OSError as exc:
+            if exc.errno not in UNREADABLE_ERRNOS:
+                raise
+        out = bytearray()
+        for page in range(start - start % PAGE, end, PAGE):   # find the bad pages
+            a, b = max(start, page), min(end, page + PAGE)
+            try:
+                out += _pread_whole(self.fd, b - a, a)
+            except OSError as exc:
+                if exc.errno not in UNREADABLE_ERRNOS:
+                    raise
+                self.bad.append(page)
+                out += bytes(b - a)
+        return bytes(out)
+
+    def find(self, needle: bytes, pos: int) -> int:
+        """Offset of the next `needle` at or after pos; -1 if none."""
+        while pos < self.size:
+            end = min(self.size, pos + FIND_CHUNK_BYTES)
+            chunk = self.read(pos, end)
+            i = chunk.find(needle)
+            if i >= 0:
+                return pos + i
+            if end >= self.size:
+                return -1
+            pos = end - (len(needle) - 1)
+        return -1
 
 
 def stored_fragments(data_dir: Path | str) -> dict[str, tuple[str, int, int]]:
@@ -271,7 +348,7 @@ def _scan_dir(vdir: Path, names: list[str]) -> dict[str, tuple[str, int, int]] |
         if vol is None:
             continue
         fd = vol.fd
-        records, _, _ = scan_records(vol, vol.end)
+        records = scan_records(vol, vol.end, heads_only=True).records
         for pos, fid, seq, deleted, length in records:
             if fid not in best or best[fid][0] <= seq:
                 hlen = RECORD_PREFIX.unpack(os.pread(fd, RECORD_PREFIX.size, pos))[1]
@@ -288,31 +365,28 @@ def records_in_tail(vol: Volume, start: int, size: int, limit: int = 2) -> int:
     crash - and the bytes must not be cut off."""
     if size <= start:
         return 0
-    mm = mmap.mmap(vol.fd, size, access=mmap.ACCESS_READ)
-    try:
-        found, pos = 0, start
-        while found < limit:
-            pos = _next_record(mm, pos, size, vol, check_crc=False)
-            if pos < 0:
-                break
-            found += 1
-            pos += 1
-        return found
-    finally:
-        mm.close()
+    rd = _Reader(vol.fd, size, SCAN_WINDOW_BYTES, [])
+    found, pos = 0, start
+    while found < limit:
+        pos = _next_record(rd, pos, size, vol, check_crc=False)
+        if pos < 0:
+            break
+        found += 1
+        pos += 1
+    return found
 
 
-def _parse_record_head(mm: mmap.mmap, pos: int, size: int, vol: Volume,
+def _parse_record_head(rd: _Reader, pos: int, size: int, vol: Volume,
                        check_crc: bool = True) -> tuple[str, int, bool, int] | None:
     """(fid, seq, deleted, record length) of the record at pos, or None if there is no
     whole, checked record there (`check_crc` False: whole, its header's CRC unchecked)."""
     if pos + RECORD_PREFIX.size > size:
         return None
-    magic, hlen, crc = RECORD_PREFIX.unpack_from(mm, pos)
+    magic, hlen, crc = RECORD_PREFIX.unpack(rd.get(pos, RECORD_PREFIX.size))
     start = pos + RECORD_PREFIX.size
     if magic != RECORD_MAGIC or hlen > MAX_HEADER_BYTES or start + hlen > size:
         return None
-    header = mm[start:start + hlen]
+    header = rd.get(start, hlen)
     if check_crc and vol.header_crc(header) != crc:
         return None
     try:
@@ -328,16 +402,31 @@ def _parse_record_head(mm: mmap.mmap, pos: int, size: int, vol: Volume,
     return fid, seq, deleted, RECORD_PREFIX.size + hlen + body
 
 
-def _next_record(mm: mmap.mmap, pos: int, size: int, vol: Volume,
+def _next_record(rd: _Reader, pos: int, size: int, vol: Volume,
                  check_crc: bool = True) -> int:
     """Offset of the next whole, checked record at or after pos; -1 if none."""
     while True:
-        pos = mm.find(RECORD_MAGIC, pos)
+        pos = rd.find(RECORD_MAGIC, pos)
         if pos < 0:
             return -1
-        if _parse_record_head(mm, pos, size, vol, check_crc) is not None:
+        if _parse_record_head(rd, pos, size, vol, check_crc) is not None:
             return pos
         pos += 1
+
+
+def _pread_whole(fd: int, length: int, offset: int) -> bytes:
+    """pread_padded that reads on after a short read: a read that meets an unreadable
+    sector returns the bytes before it, and the next one the error (EIO)."""
+    raw = os.pread(fd, length, offset)
+    if len(raw) == length or not raw:
+        return raw + bytes(length - len(raw))
+    out = bytearray(raw)
+    while len(out) < length:
+        raw = os.pread(fd, length - len(out), offset + len(out))
+        if not raw:
+            break
+        out += raw
+    return bytes(out) + bytes(length - len(out))
 
 
 def fsync_dir(path: Path | str) -> None:

@@ -6,17 +6,21 @@ answered 500 for ever. Real volumes on a real disk; the OS calls fail where inje
 from __future__ import annotations
 
 import errno
+import json
 import os
 import threading
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from node import fragments, volumes
 from node.fragments import FragmentStore
 from node.scrub import Scrubber
 from store.digest import digest
 from store.errors import Corrupt, NotFound, Unavailable
+from store.transport import Transport
+from tests.functional import harness
 
 
 def put(store: FragmentStore, fid: str, body: bytes) -> None:
@@ -157,3 +161,111 @@ def test_a_fragment_the_disk_cannot_read_is_quarantined_and_the_scrubber_counts_
     assert result.corrupt == ["worse.0.0"] and result.checked == 2
     assert store.list("", 100) == ["good.0.0"]
     assert set(store.quarantined_ids()) <= {"bad.0.0", "worse.0.0"}
+
+
+PAGE = 4096
+
+
+class BadPages:
+    """Pages of files the disk cannot read, as a failing disk behaves: a read that starts
+    in one fails with EIO, one that reaches one returns the bytes before it."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.bad: set[tuple[int, int]] = set()    # (inode, page start)
+        self.reads = 0
+        real = os.pread
+
+        def pread(fd: int, n: int, off: int) -> bytes:
+            if n > 0 and self.bad:
+                ino = os.fstat(fd).st_ino
+                for page in range(off - off % PAGE, off + n, PAGE):
+                    if (ino, page) in self.bad:
+                        self.reads += 1
+                        if page <= off:
+                            raise OSError(errno.EIO, "Input/output error (injected)")
+                        n = page - off
+                        break
+            return real(fd, n, off)
+        for mod in (os, volumes.os, fragments.os):
+            monkeypatch.setattr(mod, "pread", pread)
+
+    def add(self, path: str, offset: int) -> None:
+        self.bad.add((os.stat(path).st_ino, offset - offset % PAGE))
+
+
+def test_a_volume_with_an_unreadable_record_head_opens_and_is_kept_as_it_is(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bad sector under a record's head while the node opens its volumes: the scan read
+    them through mmap, and the page it could not read was a SIGBUS that killed the node at
+    every start - every fragment of the disk unavailable, not just that one. Now the node
+    opens, reads every other fragment, reports the damage (status), and keeps the volume
+    as it is: not cut short, not appended to, not compacted."""
+    store = FragmentStore(tmp_path, fsync=True, reserve_bytes=0, volume_bytes=256 * 1024)
+    bodies = {f"f{i:02d}.0.0": bytes([i]) * 20_000 for i in range(24)}
+    for fid, body in bodies.items():
+        put(store, fid, body)
+    deleted = {"f01.0.0", "f02.0.0", "f03.0.0"}    # the first volume: less than half live
+    for fid in deleted:
+        store.delete(fid)
+    path, off, _ = store.record_at("f05.0.0")
+    last_path, last_off, _ = store.record_at("f23.0.0")   # the last volume's last record
+    assert path != last_path
+    del store
+    sizes = {p: os.path.getsize(p) for p in (path, last_path)}
+    disk = BadPages(monkeypatch)
+    disk.add(path, off + 10)            # f05's head, and the end of f04's body before it
+    disk.add(last_path, last_off + 10)  # f23's head, and the end of f22's body
+
+    again = FragmentStore(tmp_path, fsync=True, reserve_bytes=0, volume_bytes=256 * 1024)
+    assert disk.reads > 0
+    assert again.unreadable == {path: PAGE, last_path: PAGE}
+    headless = {"f05.0.0", "f23.0.0"}
+    assert again.list("", 100) == sorted(set(bodies) - deleted - headless)
+    for fid in set(bodies) - deleted - headless - {"f04.0.0", "f22.0.0"}:
+        assert bytes(again.read(fid).body) == bodies[fid]
+    for fid in ("f04.0.0", "f22.0.0"):     # their bodies' ends are in the bad pages
+        with pytest.raises(Corrupt):
+            again.read(fid)
+    with pytest.raises(NotFound):
+        again.read("f05.0.0")
+    # the bytes after the last volume's bad page are not a crash's cut-short record:
+    # nothing is cut off, and appends go to a new volume
+    put(again, "new.0.0", b"n" * 20_000)
+    assert again.record_at("new.0.0")[0] not in (path, last_path)
+    again.compact()
+    assert {p: os.path.getsize(p) for p in (path, last_path)} == sizes
+    assert bytes(again.read("new.0.0").body) == b"n" * 20_000
+    assert bytes(again.read("f00.0.0").body) == bodies["f00.0.0"]
+    del again
+
+    async def status(t: Transport, url: str, app: web.Application) -> None:
+        got = json.loads((await t.request("GET", url, "/v1/status")).body)
+        said = [p for p in got["problems"] if "could not read" in p]
+        assert len(said) == 1 and "8192 bytes of 2 volume(s)" in said[0], got["problems"]
+        assert path in said[0] and "ecstore repair" in said[0]
+        frag = await t.request("GET", url, "/v1/fragments/f00.0.0")
+        assert frag.body == bodies["f00.0.0"]
+    harness.serve(tmp_path, status)
+
+
+def test_compaction_leaves_a_volume_it_cannot_read_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page of a volume goes bad after the node opened it: compaction's scan cannot see
+    the records there, which may be live - it leaves the volume as it is (it copied out
+    what it could see and deleted the volume; the live records behind the bad page were
+    quarantined) and the node reports it."""
+    store = FragmentStore(tmp_path, fsync=True, reserve_bytes=0, volume_bytes=256 * 1024)
+    bodies = {f"f{i:02d}.0.0": bytes([i]) * 20_000 for i in range(16)}
+    for fid, body in bodies.items():
+        put(store, fid, body)
+    for i in (0, 1, 2, 3, 4, 6, 8, 9):   # the first volume (12 records): a third live
+        store.delete(f"f{i:02d}.0.0")
+    path, off, _ = store.record_at("f07.0.0")
+    assert store.record_at("f05.0.0")[0] == path
+    BadPages(monkeypatch).add(path, off + 10)
+    assert path in {v.path for v in store.compactable()}
+    store.compact()
+    assert os.path.exists(path) and store.unreadable == {path: PAGE}
+    assert path not in {v.path for v in store.compactable()}
+    assert bytes(store.read("f05.0.0").body) == bodies["f05.0.0"]
+    assert store.record_at("f07.0.0")[0] == path    # not quarantined: its body reads whole

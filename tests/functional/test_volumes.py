@@ -498,7 +498,7 @@ def test_the_offline_scan_sees_every_fragment_while_a_compaction_runs(
     busy: list[bool] = []
 
     def scan_then_compact(vol: volumes.Volume, size: int, heads_only: bool = False
-                          ) -> tuple[list[tuple[int, str, int, bool, int]], int, int]:
+                          ) -> volumes.ScanResult:
         out = real(vol, size, heads_only)
         if not busy:            # the offline scan's first read (compaction scans too)
             busy.append(True)
