@@ -410,7 +410,7 @@ class FragmentStore:
         """Unavailable (503: the client writes elsewhere) once a write or sync failed."""
         if self.write_failure is not None:
             raise Unavailable(f"this storage node refuses writes: {self.write_failure}; "
-                              "check its disk and restart it")
+                              "check its disk and restart it", refuses_writes=True)
 
     def abandon(self, w: Written) -> None:
         """A written record that will not be committed (its sync failed)."""

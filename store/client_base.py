@@ -16,7 +16,14 @@ from placement.nodes import Node
 from placement.policy import Policy
 from store.cache import SegmentCache
 from store.cluster import ClusterInfo
-from store.errors import BadRequest, Conflict, NotFound, Unavailable
+from store.errors import (
+    BadRequest,
+    Conflict,
+    EcstoreError,
+    InsufficientStorage,
+    NotFound,
+    Unavailable,
+)
 from store.metadata import MetaQuorum, first_answers
 from store.names import check_bucket_name
 from store.transport import LoopBound, Transport, operation, quote_key, retrieved
@@ -24,6 +31,8 @@ from store.transport import LoopBound, Transport, operation, quote_key, retrieve
 FRAGMENT_TIMEOUT_S = 30.0
 DEFAULT_CACHE_MAX_MB = 10 * 1024
 SUSPECT_S = 10.0               # a node found stalled is passed over this long, then tried again
+REFUSED_BACKOFF_S = 2.0        # a storage node that refused a fragment (full, failed disk) is
+                               # sent none this long: each would be refused after its body
 DEFAULT_SEGMENT_SLOTS = 32     # segments in memory across all of a client's puts and gets
 BUCKET_CACHE_TTL_S = 5.0
 MAP_TTL_S = 2.0                # how long a client trusts its cluster map before asking again
@@ -97,6 +106,8 @@ class ClientBase(LoopBound):
         self._slots_total: int | None = DEFAULT_SEGMENT_SLOTS   # as set_segment_slots() set it
         self._fetch_times: deque[float] = deque(maxlen=200)  # recent fragment gets, seconds
         self._suspect: dict[str, float] = {}  # node id -> until when it is passed over
+        # node id -> (until when it is sent no fragment, why): it refused writes
+        self._refusing: dict[str, tuple[float, EcstoreError]] = {}
         cache_dir = cache_dir or os.environ.get("ECSTORE_CACHE_DIR") or None
         if cache_max_bytes is None:
             cache_max_bytes = int(float(os.environ.get("ECSTORE_CACHE_MAX_MB") or
@@ -244,6 +255,28 @@ class ClientBase(LoopBound):
 
     def _mark_suspect(self, node: Node, for_s: float = SUSPECT_S) -> None:
         self._suspect[node.id] = max(self._suspect.get(node.id, 0.0), time.monotonic() + for_s)
+
+    def _refused_lately(self, node: Node) -> EcstoreError | None:
+        """The error a storage node refused a fragment with less than REFUSED_BACKOFF_S
+        ago (its disk full, or failed: it refuses every write until restarted), as an
+        error of the same kind naming it; None once that is longer ago."""
+        got = self._refusing.get(node.id)
+        if got is None:
+            return None
+        until, exc = got
+        if time.monotonic() >= until:
+            del self._refusing[node.id]
+            return None
+        return type(exc)(f"{node.id} refused a fragment less than {REFUSED_BACKOFF_S:g} s ago: "
+                         f"{exc.message}", **exc.details)
+
+    def _note_refusal(self, node: Node, exc: EcstoreError) -> None:
+        """Remember a refusal that the next fragments would meet too: a full disk (507), or
+        a node that refuses writes since its disk failed a write or sync (503 with
+        refuses_writes) - not a busy node's 503, which the next put may not get."""
+        if isinstance(exc, InsufficientStorage) or (isinstance(exc, Unavailable)
+                                                    and exc.details.get("refuses_writes")):
+            self._refusing[node.id] = (time.monotonic() + REFUSED_BACKOFF_S, exc)
 
     async def _take_slot(self) -> _Slot:
         """One of segment_slots, waited for; given back with its release(). (The slot

@@ -308,13 +308,21 @@ class PutPath(ClientBase):
                            meta: dict[str, Any], cache: bool = True) -> None:
         """`cache=False`: the node writes it without keeping it in its page cache
         (UNCACHED_HEADER)."""
+        refused = self._refused_lately(node)
+        if refused is not None:     # its next answer would be the same: the caller goes on
+            raise refused
         checksum = digest(body)
         meta = {**meta, "crc32": crc32(body)}   # what readers check (FRAGMENT_CRC_HEADER)
         headers = {FRAGMENT_META_HEADER: pack_header(meta)}
         if not cache:
             headers[UNCACHED_HEADER] = UNCACHED
-        await self.t.request("PUT", node.address, f"/v1/fragments/{fid}", body=body,
-                             checksum=checksum, timeout_s=FRAGMENT_TIMEOUT_S, headers=headers)
+        try:
+            await self.t.request("PUT", node.address, f"/v1/fragments/{fid}", body=body,
+                                 checksum=checksum, timeout_s=FRAGMENT_TIMEOUT_S,
+                                 headers=headers)
+        except EcstoreError as exc:
+            self._note_refusal(node, exc)
+            raise
 
     async def _delete_fragments(self, written: list[tuple[str, Node]]) -> None:
         """Best effort; garbage collection removes whatever this misses."""

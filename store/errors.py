@@ -106,4 +106,6 @@ def error_from_response(status: int, body: dict[str, object] | None) -> EcstoreE
     cls = ERRORS_BY_CODE.get(code)
     if cls is None:
         cls = next((c for c in ERRORS_BY_CODE.values() if c.status == status), EcstoreError)
-    return cls(message)
+    details = {k: v for k, v in (body or {}).items()
+               if isinstance(k, str) and k not in ("error", "message")}
+    return cls(message, **details)

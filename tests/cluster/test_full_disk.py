@@ -7,9 +7,11 @@ from __future__ import annotations
 import gc
 import hashlib
 import logging
+import math
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,9 +20,11 @@ import pytest
 from cli.localcluster import LocalCluster
 from node.fragments import FragmentStore
 from store.client import SyncClient, expected_fragment_nodes
+from store.client_base import REFUSED_BACKOFF_S
 from store.errors import InsufficientStorage
 from store.striping import fragment_id
 from tests.cluster.tmpfs import mount_tmpfs, tmpfs_disk, unmount
+from tests.scrape import parse, value
 
 MiB = 1024 * 1024
 DISK_MIB = 20
@@ -52,6 +56,27 @@ def _holders(c: SyncClient, bucket: str, key: str) -> list[list[str]]:
         cmap = await c.client.cluster_map()
         return [[n.id for n in expected_fragment_nodes(cmap, rec, s)]
                 for s in range(rec["segments"])]
+    return c._run(go())
+
+
+def _homes(c: SyncClient, bucket: str, key: str) -> list[list[str]]:
+    """Per segment, the node ids the map places its fragments on (handoffs not applied)."""
+    async def go() -> list[list[str]]:
+        rec = await c.client.live_record(bucket, key)
+        cmap = await c.client.cluster_map()
+        pol = cmap.policy(rec.get("policy"))
+        ring = cmap.storage_ring(pol.tier)
+        return [[n.id for n in ring.locate(f"{rec['version_id']}/{s}", pol.n)]
+                for s in range(rec["segments"])]
+    return c._run(go())
+
+
+def _refused(c: SyncClient) -> float:
+    """How many requests node s1 answered 507, from its /metrics page."""
+    async def go() -> float:
+        cmap = await c.client.cluster_map()
+        r = await c.client.t.request("GET", cmap.storage_node("s1").address, "/metrics")
+        return value(parse(r.body.decode()), "ecstore_http_requests_total", status="507")
     return c._run(go())
 
 
@@ -93,10 +118,21 @@ def test_a_full_node_refuses_cleanly_and_recovers(small_disk: LocalCluster,
             c._run(direct())
 
         objs = {f"o{i}": os.urandom(4 * MiB + i) for i in range(12)}
+        time.sleep(REFUSED_BACKOFF_S)   # the direct put's refusal forgotten
+        refused_before = _refused(c)
+        started = time.monotonic()
         for k, v in objs.items():  # go on through handoff nodes
             c.put("full", k, v)
+        took = time.monotonic() - started
         placed = [n for k in objs for seg in _holders(c, "full", k) for n in seg]
         assert "s1" not in placed, "a full node took fragments"
+        # after a refusal the client sends the node no fragment for REFUSED_BACKOFF_S:
+        # each segment it was a primary of sent it one (24 refused here) - its body
+        # read and refused, the segment waiting on that before its handoff
+        homes = sum(1 for k in objs for seg in _homes(c, "full", k) if "s1" in seg)
+        refused = _refused(c) - refused_before
+        windows = 1 + math.ceil(took / REFUSED_BACKOFF_S)
+        assert 1 <= refused <= min(2 * windows, homes - 1), (refused, homes, took)
         for k, v in objs.items():
             assert c.get("full", k) == v
         # no half-written record left behind: a refused fragment appended nothing
@@ -119,8 +155,9 @@ def test_a_full_node_refuses_cleanly_and_recovers(small_disk: LocalCluster,
             assert len(c._run(read_back())) > 0
         assert c.get("full", "early") == early
 
-        # space freed: the node takes fragments again
+        # space freed: the node takes fragments again (once the client's backoff is over)
         filler.unlink()
+        time.sleep(REFUSED_BACKOFF_S)
         later = {f"n{i}": os.urandom(4 * MiB + i) for i in range(6)}
         for k, v in later.items():
             c.put("full", k, v)

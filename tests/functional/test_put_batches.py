@@ -108,6 +108,8 @@ def test_a_failed_sync_fails_its_puts_and_refuses_writes_until_a_restart(
             with pytest.raises(EcstoreError) as refused:
                 await t.request("PUT", url, path, body=b"now")
             assert refused.value.status == 503 and "refuses writes" in refused.value.message
+            # what tells a client to send it no fragment for a while (REFUSED_BACKOFF_S)
+            assert refused.value.details.get("refuses_writes") is True
         with pytest.raises(EcstoreError) as refused:
             await t.request("DELETE", url, "/v1/fragments/before.0.0")
         assert refused.value.status == 503
