@@ -136,6 +136,9 @@ class FragmentStore:
         self.fsync = fsync
         self.volume_bytes = volume_bytes
         self.data_dir.mkdir(parents=True, exist_ok=True)   # as a control node makes its own
+        # a filesystem mounted (or remounted, after errors: ext4's errors=remount-ro)
+        # read-only: the volumes are opened for reading and served, writes refused
+        self.read_only = bool(os.statvfs(self.data_dir).f_flag & os.ST_RDONLY)
         self.reserve_bytes = (default_reserve_bytes(self.data_dir) if reserve_bytes is None
                               else reserve_bytes)
         # the volume still appended to is compacted once it holds this much: a quarter
@@ -143,7 +146,8 @@ class FragmentStore:
         self.compact_active_bytes = min(volume_bytes // 4,
                                         disk_space(self.data_dir)["disk_total_bytes"] // 8)
         for d in (self.vdir, self.quarantine):
-            d.mkdir(parents=True, exist_ok=True)
+            if not (self.read_only and not d.is_dir()):
+                d.mkdir(parents=True, exist_ok=True)
         # guards the index, the volumes and the counts; file I/O happens outside it
         self._lock = threading.Lock()
         self._written = threading.Condition(self._lock)    # a volume's writers went to 0
@@ -162,12 +166,21 @@ class FragmentStore:
         # why writes are refused since a volume sync or write failed (EIO, a read-only
         # filesystem): nothing written after that may be called durable - until a restart
         self.write_failure: str | None = None
+        if self.read_only:
+            self.write_failure = (f"its filesystem ({self.data_dir}) is mounted read-only - "
+                                  "an error may have made the kernel remount it so; fragments "
+                                  "are served, not stored")
         # volume file -> bytes of it the disk could not read (EIO) when it was scanned
         self.unreadable: dict[str, int] = {}
         t0 = time.monotonic()
         self.open_volumes()
         migrated = self._migrate_files()
-        self.quarantined = sum(1 for _ in self.quarantine.iterdir())
+        self.quarantined = (sum(1 for _ in self.quarantine.iterdir())
+                            if self.quarantine.is_dir() else 0)
+        if self.read_only:
+            lifecycle_log.error("the data directory %s is on a read-only filesystem: serving "
+                                "the fragments it holds, refusing writes until restarted on a "
+                                "writable one", self.data_dir)
         lifecycle_log.info("opened %d fragments (%d bytes) in %d volumes in %.2f s%s",
                  self.count, self.bytes, len(self._volumes), time.monotonic() - t0,
                  f"; moved {migrated} fragment files into volumes" if migrated else "")
@@ -175,11 +188,11 @@ class FragmentStore:
     # ---- opening --------------------------------------------------------------------
     def open_volumes(self) -> None:
         found: list[tuple[int, str]] = []
-        for name in os.listdir(self.vdir):
+        for name in os.listdir(self.vdir) if self.vdir.is_dir() else ():
             stem, dot, ext = name.partition(".")
             if dot and ext == "vol" and stem.isdigit():
                 found.append((int(stem), str(self.vdir / name)))
-            elif name.endswith(".new"):     # a volume whose header never reached the disk
+            elif name.endswith(".new") and not self.read_only:  # its header never reached the disk
                 os.unlink(self.vdir / name)
         found.sort()
         # a volume that cannot be read keeps its number: new ones never take its name
@@ -194,11 +207,11 @@ class FragmentStore:
             self.bytes += loc_length(loc)
         self.count = len(self._index)
         self._seq += 1
-        if not self._volumes or self._damaged_tail:  # appends never go after damaged bytes
-            self._new_volume()
+        if (not self._volumes or self._damaged_tail) and not self.read_only:
+            self._new_volume()      # appends never go after damaged bytes
 
     def _scan_volume(self, vid: int, path: str, last: bool) -> Volume | None:
-        vol = open_volume(vid, path, os.O_RDWR)
+        vol = open_volume(vid, path, os.O_RDONLY if self.read_only else os.O_RDWR)
         if vol is None:
             log.error("volume %s has no valid header: left alone (its fragments are missing "
                       "here until repair rebuilds them), not read", path)
@@ -233,6 +246,9 @@ class FragmentStore:
                           "fragments in those bytes are missing here until repair rebuilds "
                           "them", path, size - good_end)
                 self._damaged_tail = vol.damaged = True
+            elif last and self.read_only:
+                log.warning("volume %s: %d bytes of an unfinished record at its end (left: "
+                            "the filesystem is read-only)", path, size - good_end)
             elif last:  # a record cut short by a crash: appends continue after the good ones
                 log.warning("volume %s: cut off %d bytes of an unfinished record",
                             path, size - good_end)
@@ -297,6 +313,11 @@ class FragmentStore:
         leaves every fragment readable (perhaps twice: the newer record wins)."""
         old_root = self.data_dir / "fragments"
         if not old_root.is_dir():
+            return 0
+        if self.read_only:
+            log.error("fragment files of the earlier layout under %s are not served: they are "
+                      "moved into volumes when the node starts on a writable filesystem",
+                      old_root)
             return 0
         batch: list[Path] = []
         batch_bytes = total = 0
