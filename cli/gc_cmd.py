@@ -61,6 +61,10 @@ def _table(rep: dict[str, Any]) -> None:
         ("tombstones purged", rep["tombstones_purged"]),
         ("tombstones repaired first", rep["tombstones_repaired"]),
         ("tombstones younger than grace", rep["tombstones_young"]),
+        ("part records no upload names", rep["orphan_parts"]),
+        ("  their fragments (in garbage)", rep["orphan_part_fragments"]),
+        ("  part records forgotten", rep["orphan_parts_forgotten"]),
+        ("  younger than grace (kept)", rep["orphan_parts_young"]),
         ("errors", rep["error_count"])]
     if rep["kept_foreign"]:
         rows.insert(5, ("kept: not a fragment id", rep["kept_foreign"]))

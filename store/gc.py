@@ -34,7 +34,22 @@ it, or holds an older record, is sent the tombstone instead and the purge happen
 later run. The purge names the tombstone's version id, so a replica that received a newer
 record meanwhile refuses it.
 
-`plan_fragment_gc` and `plan_tombstone` are pure; `GcWorker.step()` does one batch.
+A part record whose upload record is gone is an orphan: an abort or complete cut short by
+a version that tombstoned the upload before its parts (store.multipart now does it the
+other way round), or a part recorded after its upload's abort had listed the parts. No
+complete can name it any more (a complete reads the upload first), so once it is older
+than the grace (its record, its version and its upload id all: the upload is recorded
+before its parts, so a live upload is never younger than its part) its version counts as
+not live - the one rule above then takes the fragments no object names, and keeps those of
+an object its complete committed - and after the fragments its record is tombstoned
+(`plan_orphan_parts`). The part records are read before the upload records: an upload
+forgotten in between had tombstoned its parts first, and one recorded in between has no
+part older than the grace. An upload any control node holds live (every replica is
+scanned), or the listing shows (which reaches the nodes a control ring change leaves
+records on), keeps its parts.
+
+`plan_fragment_gc`, `plan_orphan_parts` and `plan_tombstone` are pure; `GcWorker.step()`
+does one batch.
 """
 from __future__ import annotations
 
@@ -50,8 +65,8 @@ from placement.nodes import Node
 from store.client import Client, expected_fragment_nodes, new_version_id, record_policy
 from store.errors import BadRequest, EcstoreError, NotFound, Unavailable
 from store.metadata import META_TIMEOUT_S
-from store.multipart import part_versions
-from store.names import PUTS_BUCKET, SYSTEM_BUCKETS
+from store.multipart import RecordedPart, recorded_parts, upload_ids
+from store.names import PARTS_BUCKET, PUTS_BUCKET, SYSTEM_BUCKETS, UPLOADS_BUCKET
 from store.striping import fragment_id, record_extents
 from store.transport import quote_key
 from store.wire import pack, unpack
@@ -62,6 +77,7 @@ FRAGMENT_BATCH = 64
 TOMBSTONE_BATCH = 32
 SCAN_PAGE = 10_000
 _FID = re.compile(r"^([0-9a-f]{32})\.\d+\.\d+\Z")
+_VID = re.compile(r"^[0-9a-f]{32}\Z")
 
 
 # ---- pure decisions ---------------------------------------------------------------------
@@ -119,6 +135,31 @@ def plan_stray_gc(homes: Mapping[str, set[str] | frozenset[str]],
                     and any(fid in listings.get(h, ()) for h in home):
                 out.append((node_id, fid))
     return out
+
+
+def plan_orphan_parts(parts: Sequence[RecordedPart], uploads: set[str] | frozenset[str],
+                      now_ns: int, grace_s: float
+                      ) -> tuple[list[RecordedPart], list[RecordedPart]]:
+    """The part records no upload in `uploads` (ids) names (pure): (those older than the
+    grace, to forget; the younger ones, kept). A part is as old as the youngest of its
+    record (`ts`), its version and its upload id; one whose ids are not ours is kept."""
+    limit = cutoff(now_ns, grace_s)
+    old, young = [], []
+    for p in parts:
+        if p.upload_id in uploads:
+            continue
+        if _VID.match(p.version_id) and _VID.match(p.upload_id) and max(
+                p.ts, version_time_ns(p.version_id), version_time_ns(p.upload_id)) < limit:
+            old.append(p)
+        else:
+            young.append(p)
+    return old, young
+
+
+def scanned_uploads(scan: Mapping[str, Mapping[tuple[str, str], Mapping[str, Any]]]) -> set[str]:
+    """The ids of the uploads any control node holds live, from `control_scan`'s rows."""
+    return {key.rsplit("/", 1)[-1] for rows in scan.values() for (bucket, key), r in rows.items()
+            if bucket == UPLOADS_BUCKET and not r.get("deleted")}
 
 
 def record_homes(cmap: ClusterMap, record: Mapping[str, Any]) -> dict[str, frozenset[str]]:
@@ -216,6 +257,10 @@ class GcReport(WorkReport):
     tombstones_purged: int = 0
     tombstones_repaired: int = 0
     tombstones_young: int = 0
+    orphan_parts: int = 0                # part records no upload names, older than the grace
+    orphan_parts_young: int = 0          # ... younger: kept
+    orphan_parts_forgotten: int = 0      # ... tombstoned (after their fragments)
+    orphan_part_fragments: int = 0       # their fragments no object names (in fragments_garbage)
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -266,22 +311,25 @@ async def control_scan(c: Client, cmap: ClusterMap
 
 
 class GcWorker:
-    """Deletes one batch of garbage fragments, then checks one batch of tombstones, per step()."""
+    """Deletes one batch of garbage fragments (then of strays), then forgets one batch of
+    orphan part records, then checks one batch of tombstones, per step()."""
 
     def __init__(self, c: Client, cmap: ClusterMap, garbage: list[tuple[str, str]],
                  tombstones: list[tuple[str, str]], now_ns: int, grace_s: float,
-                 dry_run: bool = False, strays: Sequence[tuple[str, str]] = ()) -> None:
+                 dry_run: bool = False, strays: Sequence[tuple[str, str]] = (),
+                 orphan_parts: Sequence[RecordedPart] = ()) -> None:
         self.c, self.cmap = c, cmap
         self.garbage, self.tombstones = list(garbage), list(tombstones)
         self.strays = list(strays)     # placed by `cmap`: deleted only while it is current
+        self.orphan_parts = list(orphan_parts)   # after the fragments: a run cut short finds them
         self.now_ns, self.grace_s, self.dry_run = now_ns, grace_s, dry_run
-        self.total = len(self.garbage) + len(self.strays) + len(self.tombstones)
+        self.total = self.remaining
         self.report = GcReport()
         self.started = time.monotonic()
 
     @property
     def remaining(self) -> int:
-        return len(self.garbage) + len(self.strays) + len(self.tombstones)
+        return len(self.garbage) + len(self.strays) + len(self.orphan_parts) + len(self.tombstones)
 
     async def step(self) -> bool:
         """Do the next batch; False when there is nothing left."""
@@ -294,6 +342,10 @@ class GcWorker:
                 return True
             batch, self.strays = self.strays[:FRAGMENT_BATCH], self.strays[FRAGMENT_BATCH:]
             await asyncio.gather(*(self._delete_fragment(n, f) for n, f in batch))
+        elif self.orphan_parts:
+            parts = self.orphan_parts[:TOMBSTONE_BATCH]
+            self.orphan_parts = self.orphan_parts[TOMBSTONE_BATCH:]
+            await asyncio.gather(*(self._forget_part(p) for p in parts))
         elif self.tombstones:
             batch = self.tombstones[:TOMBSTONE_BATCH]
             self.tombstones = self.tombstones[TOMBSTONE_BATCH:]
@@ -332,6 +384,21 @@ class GcWorker:
             pass  # gone meanwhile (a client cleaned up after a failed put)
         except EcstoreError as exc:
             self.report.errors.append(f"delete {fid} on {node_id}: {exc.message}")
+
+    async def _forget_part(self, part: RecordedPart) -> None:
+        """Tombstone an orphan part record (purged by a later run, as any tombstone). It
+        names no version: a record written there since is an orphan too (a part is
+        recorded only after its upload was read), and orders after `part.ts` whatever the
+        clocks say."""
+        if self.dry_run:
+            return
+        try:
+            await self.c.commit(PARTS_BUCKET, part.key, {"ts": max(time.time_ns(), part.ts + 1),
+                                                         "version_id": new_version_id(),
+                                                         "deleted": True})
+            self.report.orphan_parts_forgotten += 1
+        except EcstoreError as exc:
+            self.report.errors.append(f"forget part record {part.key}: {exc.message}")
 
     async def _tombstone(self, bucket: str, key: str) -> None:
         nodes = self.cmap.control_nodes_for(f"{bucket}/{key}")
@@ -396,9 +463,14 @@ async def prepare_gc(c: Client, grace_s: float = DEFAULT_GRACE_S,
     now_ns = time.time_ns()                           # after the listings, before the records
     running, expired = await running_puts(c, now_ns)  # before the records: see the docstring
     scan = await control_scan(c, cmap)
-    live: set[str] = {r["version_id"] for rows in scan.values() for r in rows.values()
-                      if not r.get("deleted")}        # any replica's live record is kept
-    live.update(await part_versions(c))  # parts before objects: see store.multipart
+    parts = await recorded_parts(c)      # parts before objects: see store.multipart
+    uploads = await upload_ids(c) | scanned_uploads(scan)   # after the parts: see the docstring
+    orphans, young_orphans = plan_orphan_parts(parts, uploads, now_ns, grace_s)
+    forgotten = {(p.key, p.version_id) for p in orphans}
+    live: set[str] = {r["version_id"] for rows in scan.values() for (bucket, key), r in rows.items()
+                      if not r.get("deleted")   # any replica's live record is kept, bar an orphan part's
+                      and not (bucket == PARTS_BUCKET and (key, r["version_id"]) in forgotten)}
+    live.update(p.version_id for p in parts if (p.key, p.version_id) not in forgotten)
     live.update(running)
     homes: dict[str, frozenset[str]] = {}
     async for _, _, rec in live_records(c):
@@ -408,7 +480,7 @@ async def prepare_gc(c: Client, grace_s: float = DEFAULT_GRACE_S,
     garbage = plan_fragment_gc(live, listings, now_ns, grace_s)
     strays = plan_stray_gc(homes, listings, now_ns, grace_s)
     tombstones = sorted({bk for rows in scan.values() for bk, r in rows.items() if r.get("deleted")})
-    worker = GcWorker(c, cmap, garbage, tombstones, now_ns, grace_s, dry_run, strays)
+    worker = GcWorker(c, cmap, garbage, tombstones, now_ns, grace_s, dry_run, strays, orphans)
     worker.report.puts_running = len(running)
     if not dry_run:
         for name in expired:     # its put ended long ago: the record goes, as a tombstone
@@ -432,5 +504,8 @@ async def prepare_gc(c: Client, grace_s: float = DEFAULT_GRACE_S,
     rep.fragments_stray = len(strays)
     rep.kept_live -= len(strays)
     rep.tombstones_seen = len(tombstones)
+    rep.orphan_parts, rep.orphan_parts_young = len(orphans), len(young_orphans)
+    orphan_versions = {p.version_id for p in orphans} - live   # not those an object names
+    rep.orphan_part_fragments = sum(fragment_version(f) in orphan_versions for _, f in garbage)
     rep.errors += errors
     return worker

@@ -7,9 +7,13 @@ order; readers, repair and rebalance walk it with `striping.record_extents`.
 
 Upload records live at UPLOADS_BUCKET/"{bucket}/{upload_id}", part records at
 PARTS_BUCKET/"{upload_id}/{part:05d}" (a newer upload of the same part number wins by
-(ts, version_id) like any record). Completing or aborting tombstones both; the fragments
-of parts no object names become garbage for `store.gc` (which reads the part records
-before the object records, so a part is live at every instant of a completion).
+(ts, version_id) like any record). Completing or aborting tombstones both, the parts
+first; the fragments of parts no object names become garbage for `store.gc` (which reads
+the part records before the object records, so a part is live at every instant of a
+completion). A part record whose upload record is gone (an abort or complete cut short by
+a version that tombstoned the upload first, or a part recorded after its upload's abort
+had listed the parts) is forgotten by `store.gc` once older than its grace: an upload is
+recorded before any of its parts, so a part's upload is never younger than the part.
 """
 from __future__ import annotations
 
@@ -250,13 +254,36 @@ async def list_uploads(c: Client, bucket: str, prefix: str = "") -> list[dict[st
     return sorted(out, key=lambda u: (u["key"], u["upload_id"]))
 
 
-async def part_versions(c: Client) -> set[str]:
-    """The version ids of every recorded part of every upload in progress (for GC)."""
-    out: set[str] = set()
+@dataclass(frozen=True)
+class RecordedPart:
+    """A part record as a listing shows it (for GC)."""
+    upload_id: str
+    key: str           # in PARTS_BUCKET: part_key(upload_id, number)
+    version_id: str    # its extent's
+    ts: int            # when it was recorded (ns)
+
+
+async def recorded_parts(c: Client) -> list[RecordedPart]:
+    """Every live part record, of any upload (for GC; its upload may be gone: an abort or
+    complete of a version that forgot the upload first, cut short)."""
+    out: list[RecordedPart] = []
     after = ""
     while True:
         page = await c.list_namespace(PARTS_BUCKET, start_after=after, max_keys=10_000)
-        out.update(o.version_id for o in page.objects)
+        out += [RecordedPart(o.key.rsplit("/", 1)[0], o.key, o.version_id, o.ts)
+                for o in page.objects]
+        if not page.truncated or not page.objects:
+            return out
+        after = page.next_start_after
+
+
+async def upload_ids(c: Client) -> set[str]:
+    """The ids of every upload in progress, in any bucket (for GC)."""
+    out: set[str] = set()
+    after = ""
+    while True:
+        page = await c.list_namespace(UPLOADS_BUCKET, start_after=after, max_keys=10_000)
+        out.update(o.key.rsplit("/", 1)[1] for o in page.objects)
         if not page.truncated or not page.objects:
             return out
         after = page.next_start_after
