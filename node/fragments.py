@@ -34,6 +34,8 @@ import bisect
 import builtins
 import contextlib
 import errno
+import functools
+import itertools
 import logging
 import os
 import sys
@@ -42,7 +44,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Concatenate, NamedTuple, ParamSpec, TypeVar
 
 from node import zerocopy
 from node.disk import default_reserve_bytes, disk_space
@@ -78,6 +80,8 @@ from store.wire import pack
 
 log = logging.getLogger("ecstore.fragments")
 lifecycle_log = logging.getLogger("ecstore.lifecycle")   # shown whatever the log level
+P = ParamSpec("P")
+T = TypeVar("T")
 
 CACHED_HEAD_BYTES = 1024         # read first for a cached body: most headers are ~200 bytes
 QUARANTINE_SEPARATOR = "~"  # never in a fragment id: `{fid}~{ns}` for a second copy
@@ -115,6 +119,43 @@ class Written(NamedTuple):
 
 
 
+class DiskOps:
+    """The store's disk operations in flight (record reads and writes, syncs, deletes,
+    the disk's statistics) and when each started: a disk that stops answering - a hung
+    device, a dead network filesystem - shows as the age of the oldest, while the
+    threads waiting on it fill up and nothing else would say why (the node's health
+    and status answer from here without touching the disk). No lock: a dict's item set
+    and delete, and list() of its values, are each one step under the GIL (~0.5 us an
+    operation; a lock and a context manager took 4-5)."""
+
+    def __init__(self) -> None:
+        self.started: dict[int, float] = {}     # token -> time.monotonic() at its start
+        self.tokens = itertools.count()
+
+    def oldest_s(self) -> float:
+        """How long the oldest operation in flight has been running (0: none)."""
+        first = min(list(self.started.values()), default=None)
+        return 0.0 if first is None else time.monotonic() - first
+
+    def in_flight(self) -> int:
+        return len(self.started)
+
+
+def disk_op(fn: Callable[Concatenate["FragmentStore", P], T]
+            ) -> Callable[Concatenate["FragmentStore", P], T]:
+    """A FragmentStore method that waits on the disk: counted in its DiskOps."""
+    @functools.wraps(fn)
+    def run(self: "FragmentStore", *args: P.args, **kwargs: P.kwargs) -> T:
+        ops = self.ops
+        token = next(ops.tokens)
+        ops.started[token] = time.monotonic()
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            del ops.started[token]
+    return run
+
+
 @dataclass
 class CompactResult:
     volumes: int = 0
@@ -131,6 +172,7 @@ class FragmentStore:
                  reserve_bytes: int | None = None,
                  volume_bytes: int = DEFAULT_VOLUME_BYTES) -> None:
         self.data_dir = Path(data_dir)
+        self.ops = DiskOps()
         self.vdir = self.data_dir / "volumes"
         self.quarantine = self.data_dir / "quarantine"
         self.fsync = fsync
@@ -379,6 +421,7 @@ class FragmentStore:
             raise
         return self.commit_record(w)
 
+    @disk_op
     def write_record(self, fid: str, body: bytes | bytearray | memoryview, checksum: str,
                      meta: dict[str, Any], reserve: bool = True,
                      uncached: bool = False) -> Written:
@@ -413,6 +456,7 @@ class FragmentStore:
             raise
         return Written(fid, vol, off, length, seq, uncached and not dropped)
 
+    @disk_op
     def sync_volume(self, vol: Volume) -> None:
         """vol.sync(); a failure stops every write of this store (_fail_writes)."""
         try:
@@ -571,6 +615,7 @@ class FragmentStore:
         self.count -= 1
         self.bytes -= loc_length(loc)
 
+    @disk_op
     def delete(self, fid: str) -> None:
         check_fragment_id(fid)
         self.check_writable()
@@ -676,6 +721,7 @@ class FragmentStore:
             return None
         return CachedBody(vol, checksum, meta, off + start, size)
 
+    @disk_op
     def read_raw(self, fid: str, uncached: bool = False) -> tuple[bytes | bytearray, Loc]:
         """A fragment's whole record, unchecked, and where it was read from (for
         quarantine_fragment); NotFound. `uncached`: as pread_uncached."""
@@ -820,6 +866,7 @@ class FragmentStore:
             self._listing = None    # a listing's last page: its memory back
         return out
 
+    @disk_op
     def disk(self) -> dict[str, int]:
         st = os.statvfs(self.vdir)
         with self._lock:

@@ -63,6 +63,8 @@ log = logging.getLogger("ecstore.storage")
 MAX_FRAGMENT_BYTES = 80 * 1024 * 1024
 DEFAULT_COMPACT_RATE_MB_S = 64.0
 MAX_LIST_LIMIT = 10_000
+DISK_STALL_S = 20.0          # a disk operation running this long: the disk is not answering
+STATUS_DISK_TIMEOUT_S = 5.0  # status waits this long for the disk's statistics
 
 
 @dataclass(frozen=True)
@@ -344,12 +346,32 @@ async def list_fragments(request: web.Request) -> web.Response:
                         content_type="application/msgpack")
 
 
+def stalled_problem(store: FragmentStore) -> str | None:
+    """What to say when a disk operation has been running for DISK_STALL_S or more."""
+    oldest = store.ops.oldest_s()
+    if oldest < DISK_STALL_S:
+        return None
+    return (f"the disk is not answering: a disk operation has been running for "
+            f"{oldest:.0f} s ({store.ops.in_flight()} in flight); check the device "
+            "(dmesg) - requests that need it wait")
+
+
 async def status(request: web.Request) -> web.Response:
     store, cfg = request.app[STORE], request.app[CONFIG]
-    disk = await _in_thread(store.disk)
-    full = disk_full_problem(disk["disk_free_bytes"], store.reserve_bytes)
+    stalled = stalled_problem(store)
+    disk: dict[str, int | None] = {"disk_total_bytes": None, "disk_free_bytes": None,
+                                   "volumes": None, "volume_bytes": None, "dead_bytes": None}
+    if stalled is None:     # else the disk's statistics would wait behind the rest
+        try:
+            disk = await asyncio.wait_for(_in_thread(store.disk), STATUS_DISK_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            stalled = (f"the disk is not answering: its statistics took over "
+                       f"{STATUS_DISK_TIMEOUT_S:g} s ({store.ops.in_flight()} disk operations "
+                       "in flight); check the device (dmesg)")
+    free = disk["disk_free_bytes"]
+    full = None if free is None else disk_full_problem(free, store.reserve_bytes)
     unreadable = dict(store.unreadable)
-    problems = [p for p in (full, store.write_failure and
+    problems = [p for p in (stalled, full, store.write_failure and
                             f"writes refused: {store.write_failure}; check the disk, then "
                             "restart the node",
                             unreadable and
@@ -380,9 +402,16 @@ async def scrub(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
+    """200 while the node can do its work; 503 once its disk has stopped answering
+    (a process that answers HTTP over a hung disk is not healthy: an orchestrator's
+    health check, docker's, should see it)."""
     cfg = request.app[CONFIG]
-    return web.json_response({"node_id": cfg.node_id, "role": "storage", "ok": True,
-                              "time": time.time(), "pid": os.getpid()})
+    store = request.app.get(STORE)
+    stalled = None if store is None else stalled_problem(store)
+    return web.json_response({"node_id": cfg.node_id, "role": "storage", "ok": stalled is None,
+                              "time": time.time(), "pid": os.getpid(),
+                              **({"problem": stalled} if stalled else {})},
+                             status=200 if stalled is None else 503)
 
 
 def storage_metrics(app: web.Application) -> Families:
@@ -390,16 +419,23 @@ def storage_metrics(app: web.Application) -> Families:
     store = app.get(STORE)
     if store is None:  # not open yet
         return
-    disk = store.disk()
+    # the scrape runs on the event loop: not a statvfs that may hang with the disk
+    disk = None if stalled_problem(store) else store.disk()
+    yield gauge("ecstore_storage_disk_oldest_op_seconds", "How long the oldest disk operation "
+                f"in flight has been running (0: none; {DISK_STALL_S:g} or more: the disk is "
+                "not answering, health answers 503, and the disk's gauges are left out).",
+                store.ops.oldest_s())
     yield gauge("ecstore_storage_fragments", "Fragments stored (quarantined ones not "
                 "included).", store.count)
     yield gauge("ecstore_storage_fragment_bytes", "Bytes of fragment records stored (live "
                 "ones).", store.bytes)
-    yield gauge("ecstore_storage_volumes", "Volume files (append-only fragment records).",
-                disk["volumes"])
-    yield gauge("ecstore_storage_volume_bytes", "Bytes of all volume files.", disk["volume_bytes"])
-    yield gauge("ecstore_storage_dead_bytes", "Bytes of overwritten or deleted fragment "
-                "records and tombstones not yet compacted away.", disk["dead_bytes"])
+    if disk is not None:
+        yield gauge("ecstore_storage_volumes", "Volume files (append-only fragment records).",
+                    disk["volumes"])
+        yield gauge("ecstore_storage_volume_bytes", "Bytes of all volume files.",
+                    disk["volume_bytes"])
+        yield gauge("ecstore_storage_dead_bytes", "Bytes of overwritten or deleted fragment "
+                    "records and tombstones not yet compacted away.", disk["dead_bytes"])
     yield counter("ecstore_storage_compactions", "Volumes compacted (live records copied "
                   "to the newest volume, the file deleted).", app[COMPACTIONS][0])
     puts = app.get(PUTS)
@@ -433,7 +469,8 @@ def storage_metrics(app: web.Application) -> Families:
                   fast.handovers)
     yield gauge("ecstore_storage_quarantined_fragments", "Fragment files in quarantine "
                 "(found corrupt by a reader or the scrubber).", store.quarantined)
-    yield from disk_gauges("storage", disk, store.reserve_bytes, "data disk")
+    if disk is not None:
+        yield from disk_gauges("storage", disk, store.reserve_bytes, "data disk")
     yield from scrub_metrics(app[SCRUB_STATS])
 
 

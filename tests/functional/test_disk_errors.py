@@ -5,6 +5,7 @@ disk cannot read (EIO) is quarantined - counted by the scrubber, rebuilt by repa
 answered 500 for ever. Real volumes on a real disk; the OS calls fail where injected."""
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import os
@@ -14,13 +15,14 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from node import fragments, volumes
+from node import fragments, storage, volumes
 from node.fragments import FragmentStore
 from node.scrub import Scrubber
 from store.digest import digest
-from store.errors import Corrupt, NotFound, Unavailable
+from store.errors import Corrupt, EcstoreError, NotFound, Unavailable
 from store.transport import Transport
 from tests.functional import harness
+from tests.scrape import parse, value
 
 
 def put(store: FragmentStore, fid: str, body: bytes) -> None:
@@ -269,3 +271,53 @@ def test_compaction_leaves_a_volume_it_cannot_read_whole(
     assert path not in {v.path for v in store.compactable()}
     assert bytes(store.read("f05.0.0").body) == bodies["f05.0.0"]
     assert store.record_at("f07.0.0")[0] == path    # not quarantined: its body reads whole
+
+
+def test_a_disk_that_stops_answering_shows_in_health_status_and_metrics(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hung disk (a sync that does not return): the node's threads wait on it and its
+    health went on answering 200 while `ecstore status` timed out and called it down.
+    Now health answers 503 naming the stall (docker's health check sees it), status
+    answers at once, degraded, saying why, and the age of the oldest disk operation is a
+    gauge; once the disk answers again all is as before and the put completes."""
+    monkeypatch.setattr(storage, "DISK_STALL_S", 0.5, raising=False)
+    release = threading.Event()
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        if not release.is_set():
+            release.wait(30)
+        real(fd)
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+
+    async def body(t: Transport, url: str, app: web.Application) -> None:
+        health = await t.request("GET", url, "/v1/health")
+        assert json.loads(health.body)["ok"] is True
+        put = asyncio.ensure_future(t.request("PUT", url, "/v1/fragments/hung.0.0", body=b"x" * 100))
+        for _ in range(100):      # bounded: 10 s
+            await asyncio.sleep(0.1)
+            try:
+                await t.request("GET", url, "/v1/health")
+            except EcstoreError as exc:
+                assert exc.status == 503 and exc.details["ok"] is False
+                assert "disk is not answering" in str(exc.details["problem"])
+                break
+        else:
+            raise AssertionError("health never said the disk stalled")
+        assert not put.done()
+        got = await asyncio.wait_for(t.request("GET", url, "/v1/status"), 3)
+        st = json.loads(got.body)
+        assert any("disk is not answering" in p for p in st["problems"]), st
+        page = (await t.request("GET", url, "/metrics")).body.decode()
+        assert value(parse(page), "ecstore_storage_disk_oldest_op_seconds") >= 0.5
+        release.set()
+        assert (await asyncio.wait_for(put, 10)).status == 201
+        assert (await t.request("GET", url, "/v1/fragments/hung.0.0")).body == b"x" * 100
+        health = await t.request("GET", url, "/v1/health")
+        assert json.loads(health.body)["ok"] is True
+        st = json.loads((await t.request("GET", url, "/v1/status")).body)
+        assert not any("disk" in p for p in st["problems"]), st
+    try:
+        harness.serve(tmp_path, body, timeout_s=60)
+    finally:
+        release.set()
