@@ -279,11 +279,51 @@ async def recorded_parts(c: Client) -> list[RecordedPart]:
 
 async def upload_ids(c: Client) -> set[str]:
     """The ids of every upload in progress, in any bucket (for GC)."""
-    out: set[str] = set()
+    return set(await upload_keys(c))
+
+
+async def upload_keys(c: Client) -> dict[str, str]:
+    """{upload id: its record's key in UPLOADS_BUCKET} of every upload in progress."""
+    out: dict[str, str] = {}
     after = ""
     while True:
         page = await c.list_namespace(UPLOADS_BUCKET, start_after=after, max_keys=10_000)
-        out.update(o.key.rsplit("/", 1)[1] for o in page.objects)
+        out.update({o.key.rsplit("/", 1)[1]: o.key for o in page.objects})
         if not page.truncated or not page.objects:
             return out
         after = page.next_start_after
+
+
+async def part_extent_records(c: Client, read_repair: bool = True
+                              ) -> list[tuple[str, str, dict[str, Any]]]:
+    """(PARTS_BUCKET, part key, record) of every part of every upload in progress, the
+    record as repair and rebalance read an object's: the part's extent (version, size,
+    segments, handoffs) with its upload's policy. An uploaded part is acknowledged data
+    (CompleteMultipartUpload names it later): losing a node must not lose it, a ring
+    change must move it. Parts of an upload no longer recorded are left out (gc forgets
+    them). Sorted by key."""
+    parts = await recorded_parts(c)
+    sem = asyncio.Semaphore(MAX_PARALLEL_READS)
+
+    async def read(bucket: str, key: str) -> dict[str, Any] | None:
+        async with sem:
+            rec = await c.read_record(bucket, key, read_repair)
+        return None if rec is None or rec["deleted"] else rec
+
+    keys = await upload_keys(c) if parts else {}
+    got = await asyncio.gather(*(read(UPLOADS_BUCKET, keys[u])
+                                 for u in sorted({p.upload_id for p in parts}) if u in keys))
+    uploads = {r["version_id"]: r for r in got if r is not None}
+    out = []
+    records = await asyncio.gather(*(read(PARTS_BUCKET, p.key) for p in parts
+                                     if p.upload_id in uploads))
+    for rec in records:
+        up = uploads.get(rec["upload_id"]) if rec is not None else None
+        if rec is None or up is None:
+            continue
+        out.append((PARTS_BUCKET, part_key(rec["upload_id"], rec["part"]), {
+            "policy": up["policy"], "k": up["k"], "m": up["m"], "ec_type": up["ec_type"],
+            "segment_size": up["segment_size"], "inline": None, "ts": rec["ts"],
+            "deleted": False, **{f: rec[f] for f in ("version_id", "size", "segments")},
+            "handoffs": rec.get("handoffs") or {}}))
+    return sorted(out, key=lambda r: r[1])

@@ -20,6 +20,7 @@ from store.auth import CHECKSUM_HEADER
 from store.client import Client, expected_fragment_nodes
 from store.digest import matches as digest_matches
 from store.errors import Corrupt, EcstoreError
+from store.multipart import part_extent_records
 from store.striping import fragment_id, record_extents
 from store.wire import FRAGMENT_META_HEADER, UNCACHED, UNCACHED_HEADER, unpack_header
 from store.workers import Checkpoint, RateLimiter, WorkReport, all_listings, live_records
@@ -144,6 +145,9 @@ async def prepare_rebalance(c: Client, dry_run: bool = False, rate_mb_s: float =
     """Gather the records, then listings of every storage node, current and previous."""
     cmap = await c.cluster_map(refresh=True)
     records = [r async for r in live_records(c)]  # first: what commits later is placed anew
+    # and the parts of uploads in progress: acknowledged, complete names them later
+    records = sorted(records + await part_extent_records(c),
+                     key=lambda r: (r[0], r[1]))     # the checkpoint's order
     nodes: dict[str, Node] = {}
     for ring in (*cmap.previous_storage_rings, *cmap.storage_rings):
         nodes.update({n.id: n for n in ring.nodes})

@@ -17,6 +17,7 @@ from placement.nodes import Node
 from store import codec
 from store.client import Client, expected_fragment_nodes, record_policy
 from store.errors import EcstoreError
+from store.multipart import part_extent_records
 from store.striping import fragment_id, record_extents
 from store.workers import Checkpoint, RateLimiter, WorkReport, all_listings, live_records
 
@@ -182,6 +183,9 @@ async def prepare_repair(c: Client, dry_run: bool = False, rate_mb_s: float = 0.
     # no read repair: repair_replicas puts replicas back (and counts them), and a dry run
     # writes nothing
     records = [r async for r in live_records(c, read_repair=False)]
+    # and the parts of uploads in progress: acknowledged, complete names them later
+    records = sorted(records + await part_extent_records(c, read_repair=False),
+                     key=lambda r: (r[0], r[1]))     # the checkpoint's order
     listings, errors = await all_listings(c, cmap.all_storage_nodes())
     worker = RepairWorker(c, cmap, listings, records, dry_run, rate_mb_s, state_path)
     worker.report.errors += errors
