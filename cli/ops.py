@@ -283,8 +283,9 @@ async def _rebalance(c: Client, a: argparse.Namespace, state: Path) -> int:
                   f"not settled: {unlisted_note(last)}; the map keeps the previous "
                   "placement, where readers still look. Start them and run `ecstore "
                   "rebalance` again; for a node gone for good, take it out of the map "
-                  "(`ecstore cluster remove-node` or `ring remove --force`), run `ecstore "
-                  "repair` (it rebuilds what the node held) and the next rebalance settles",
+                  "(`ecstore cluster remove-node ID --force`, or `ring remove ID --force`: "
+                  "this ring change is not rebalanced), run `ecstore repair` (it rebuilds "
+                  "what the node held) and the next rebalance settles",
                   highlight=False)
         return 1
     return 1 if rep["failed"] or rep["metadata"]["failed"] else 0
@@ -413,7 +414,9 @@ def cmd_remove_node(a: argparse.Namespace) -> int:
                 return (f"{report.failed} metadata records could not be moved off {a.id}"
                         if report.failed else "")
             if any(n.id == a.id for n in cmap.all_storage_nodes()):
-                await change_ring(c, "remove", argparse.Namespace(id=a.id))
+                # --force: as `ring remove --force` (the last change not rebalanced yet:
+                # a dead node's replacement added first, its rebalance held up by the dead)
+                await change_ring(c, "remove", argparse.Namespace(id=a.id, force=a.force))
 
             async def drain_pass(n: int) -> Any:
                 w = await prepare_rebalance(c)
@@ -446,10 +449,11 @@ def cmd_remove_node(a: argparse.Namespace) -> int:
         problem = asyncio.run(drain())   # its passes are rebalances: not beside another
     if problem:    # a cluster failure (exit 1), not a mistake in the request; --json: the
         # summary with drained false, beside the error and its message (cli.main)
-        raise Unavailable(f"{problem}; {a.id} is out of the map, not stopped and still in "
-                          "cluster.json: fix the cause (start the nodes that are down: `ecstore "
-                          "cluster up`) and run the command again; for a node gone for good, "
-                          "`ecstore repair` rebuilds what it held, then run it again",
+        raise Unavailable(f"{problem}; {a.id} is out of the map, and still in cluster.json "
+                          "(left running if it runs): fix the cause (start the nodes that are "
+                          "down: `ecstore cluster up`) and run the command again; for a node "
+                          "gone for good, `ecstore repair` now rebuilds what it held, then run "
+                          "this command again",
                           **summary, drained=False)
     summary["drained"] = True
     cluster.forget_node(a.id)
@@ -474,7 +478,8 @@ def register_cluster(csub: Any) -> None:
     rm.add_argument("id")
     rm.add_argument("--force", action="store_true",
                     help="remove a control node although fewer control nodes than the "
-                         "map's replicas per record would be left")
+                         "map's replicas per record would be left; a node of a ring whose "
+                         "last change is not rebalanced yet (as ring remove --force)")
     rm.add_argument("--json", action="store_true",
                     help="print what was moved off it as JSON (a storage node: passes, "
                          "moved, bytes_moved, failed; a control node: metadata)")
