@@ -14,7 +14,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from aiohttp import web
 
@@ -64,13 +64,46 @@ UNSUPPORTED = frozenset({"policy", "lifecycle", "cors", "tagging", "website", "l
                          "requestPayment", "analytics", "inventory", "metrics", "ownershipControls",
                          "publicAccessBlock", "intelligent-tiering", "policyStatus", "attributes",
                          "session"})
+# Every query parameter a request may carry here: the subresources routed below, the
+# operations' parameters, presigned URLs' (SigV4 and SigV2) and response overrides. S3
+# keeps adding operations that are a subresource of a plain one (?renameObject,
+# ?annotation, ?metadataTable, ?abac, ...): a parameter not here is answered
+# NotImplemented on a PUT, POST or DELETE (whatever it names would be run as the plain
+# put, delete or create - a rename emptied its target, an annotation's delete deleted
+# the object) and, when it has no value (a subresource's form), on GET and HEAD too - an
+# unknown parameter with a value on a read is ignored, as S3 ignores one.
+KNOWN_QUERY = frozenset({
+    "acl", "location", "versioning", "uploads", "versions", "delete", "uploadId",
+    "partNumber", "versionId", "list-type", "prefix", "delimiter", "max-keys", "marker",
+    "start-after", "continuation-token", "fetch-owner", "encoding-type", "key-marker",
+    "upload-id-marker", "max-uploads", "version-id-marker", "max-parts",
+    "part-number-marker", "max-buckets", "bucket-region", "x-id",
+    "response-content-type", "response-content-language", "response-expires",
+    "response-cache-control", "response-content-disposition", "response-content-encoding",
+    "AWSAccessKeyId", "Signature", "Expires"})
+KNOWN_QUERY_PREFIX = "x-amz-"    # presigned URLs' X-Amz-*, and headers SDKs hoist into them
+
+
+def unknown_query(method: str, query: Mapping[str, str]) -> str | None:
+    """The first query parameter this request must be refused for (see KNOWN_QUERY)."""
+    for name, value in query.items():
+        if name in KNOWN_QUERY or name.lower().startswith(KNOWN_QUERY_PREFIX):
+            continue
+        if method not in ("GET", "HEAD") or not value:
+            return name
+    return None
+
+
 # Request headers (by prefix) asking for what we do not do - encryption (SSE-S3, SSE-KMS,
 # SSE-C, of a copy's source too), tags (x-amz-tagging, CopyObject's
-# x-amz-tagging-directive), object lock, website redirects: NotImplemented, never ignored.
+# x-amz-tagging-directive), object lock, website redirects, appends (a put at
+# x-amz-write-offset-bytes replaced the object), deletes on the condition of a size or
+# time (x-amz-if-match-size, -last-modified-time): NotImplemented, never ignored.
 # None is sent by boto3, the aws cli or s3fs unless asked for.
 UNSUPPORTED_HEADERS = ("x-amz-server-side-encryption", "x-amz-copy-source-server-side-encryption",
                        "x-amz-tagging", "x-amz-object-lock-", "x-amz-bucket-object-lock-",
-                       "x-amz-website-redirect-location")
+                       "x-amz-website-redirect-location", "x-amz-write-offset-bytes",
+                       "x-amz-if-match-")
 
 
 def unsupported_header(headers: Iterable[str]) -> str | None:
@@ -84,6 +117,10 @@ def route(method: str, ctx: S3Ctx) -> Handler:
     bad = sorted(UNSUPPORTED & set(q))
     if bad or (method == "PUT" and "versioning" in q):
         raise S3Error("NotImplemented", f"{(bad or ['versioning'])[0]} is not supported", 501)
+    unknown = unknown_query(method, q)
+    if unknown is not None:
+        raise S3Error("NotImplemented", f"the query parameter {unknown[:80]!r} names an "
+                      "operation or option this gateway does not support", 501)
     header = unsupported_header(ctx.headers)
     if header is not None:
         raise not_implemented("A header you provided implies functionality that is not "
@@ -173,6 +210,12 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
 async def _answer(request: web.Request, ctx: S3Ctx) -> web.StreamResponse:
     gw, key = ctx.gw, ctx.key
     try:
+        if request.method == "POST" and ctx.bucket and not key \
+                and request.content_type == "multipart/form-data":
+            # a browser's form upload (POST Object): its signature is in the form, so
+            # it read as an anonymous request - AccessDenied sent users after their keys
+            raise not_implemented("browser-based uploads (POST Object, a form) are not "
+                                  "supported: use PUT, or a presigned PUT URL", "Content-Type")
         user, auth = await _authenticate(request, gw)
         ctx.user, ctx.auth = user, auth
         if user is None and not (request.method in ("GET", "HEAD") and key

@@ -7,7 +7,7 @@ import logging
 import re
 from collections.abc import AsyncIterator, Mapping
 from email.utils import parsedate_to_datetime
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 from urllib.parse import unquote
 
 from aiohttp import web
@@ -33,7 +33,7 @@ RESPONSE_OVERRIDES = {"response-content-type": "Content-Type",
                       "response-content-disposition": "Content-Disposition",
                       "response-content-encoding": "Content-Encoding"}
 MAX_DELETE_KEYS = 1000
-RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)\Z")
+RANGE_RE = re.compile(r"^bytes=([0-9]*)-([0-9]*)\Z")    # ASCII digits: \d took an Arabic-Indic 3 for 3
 PART_NUMBER_RE = re.compile(r"[0-9]{1,5}")
 META_PREFIX = "x-amz-meta-"
 COPY_CONDITION_PREFIX = "x-amz-copy-source-if-"
@@ -222,6 +222,21 @@ def check_conditions(headers: Mapping[str, str], rec: Mapping[str, Any]) -> int 
     return None
 
 
+def if_range_holds(value: str, rec: Mapping[str, Any]) -> bool:
+    """Whether If-Range lets a Range apply (RFC 9110): its ETag is the object's (a strong
+    comparison: a weak one never holds), or its date is exactly the object's Last-Modified.
+    Otherwise the whole object is sent (200): a client resuming a download of a version
+    that has since been replaced gets the new one whole, not its tail glued to the old
+    one's head (the header was ignored until the twenty-fourth session)."""
+    v = value.strip()
+    if v.startswith('"') or v.startswith("W/"):
+        return v.startswith('"') and v.strip('"') == etag_of(rec)
+    try:
+        return int(parsedate_to_datetime(v).timestamp()) == rec["ts"] // 1_000_000_000
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return False
+
+
 def parse_range(value: str | None, size: int) -> tuple[int, int] | None:
     """[lo, hi) of a single `bytes=` range, None to send the whole object (no header, or
     one S3 ignores: malformed or several ranges). Raises InvalidRange (416)."""
@@ -284,10 +299,13 @@ def byte_range(ctx: S3Ctx, rec: Mapping[str, Any], headers: dict[str, str]) -> t
         if hi == lo:   # an empty part (an empty object): no Content-Range can say it
             return lo, hi, False
     else:
-        if size == 0 and ctx.headers.get("Range") and RANGE_RE.match(ctx.headers["Range"].strip()):
+        asked = ctx.headers.get("Range")
+        if asked and "If-Range" in ctx.headers and not if_range_holds(ctx.headers["If-Range"], rec):
+            asked = None    # the object changed since the client's first piece: all of it
+        if size == 0 and asked and RANGE_RE.match(asked.strip()):
             raise S3Error("InvalidRange", "The requested range is not satisfiable", 416,
                           {"Content-Range": "bytes */0"})
-        rng = parse_range(ctx.headers.get("Range"), size)
+        rng = parse_range(asked, size)
         if rng is None:
             if checksum_mode(ctx.headers):
                 headers.update(checksum_headers(rec))
@@ -508,6 +526,9 @@ async def delete_object(ctx: S3Ctx) -> web.StreamResponse:
     await ctx.owned_bucket()
     if ctx.query.get("versionId", "null") != "null":
         raise S3Error("InvalidArgument", "Invalid version id specified")
+    match = ctx.headers.get("If-Match")
+    if match is not None:       # S3's conditional delete; checked, as writes are, not locked
+        await check_delete_condition(ctx.client, ctx.bucket, ctx.key, match)
     try:
         await ctx.client.delete(ctx.bucket, ctx.key)
     except NotFound:
@@ -515,32 +536,63 @@ async def delete_object(ctx: S3Ctx) -> web.StreamResponse:
     return web.Response(status=204)
 
 
-def delete_request(body: bytes) -> tuple[bool, list[tuple[str, str | None]]]:
-    """(quiet, [(key, version id or None)]) of a DeleteObjects body, checked whole before
-    anything is deleted: MalformedXML if it names no object, more than MAX_DELETE_KEYS,
-    or an Object without a Key."""
+async def check_delete_condition(client: Client, bucket: str, key: str, match: str) -> None:
+    """If-Match on DeleteObject, an ETag in DeleteObjects: NoSuchKey (404) if the key is
+    not there, PreconditionFailed (412) if its ETag differs. Until the twenty-fourth
+    session both were ignored and the object deleted whatever its ETag."""
+    try:
+        rec = await client.live_record(bucket, key)
+    except NotFound:
+        raise S3Error("NoSuchKey", "The specified key does not exist.", 404) from None
+    if not etag_matches(match, etag_of(rec)):
+        raise precondition_failed()
+
+
+class DeleteEntry(NamedTuple):
+    key: str
+    version_id: str | None
+    etag: str | None            # delete only if the object's ETag is this
+    unsupported: str | None     # a condition we do not check: that entry is refused
+
+
+def delete_request(body: bytes) -> tuple[bool, list[DeleteEntry]]:
+    """(quiet, entries) of a DeleteObjects body, checked whole before anything is deleted:
+    MalformedXML if it names no object, more than MAX_DELETE_KEYS, or an Object without
+    a Key."""
     root = parse(body, "Delete")
     quiet = (child_text(root, "Quiet") or "").strip().lower() == "true"
     objs = root.findall("Object")
     if not objs or len(objs) > MAX_DELETE_KEYS:
         raise S3Error("MalformedXML", f"a Delete request names 1 to {MAX_DELETE_KEYS} objects")
-    entries = [(child_text(o, "Key"), child_text(o, "VersionId")) for o in objs]
-    if not all(key for key, _ in entries):
+    entries = [DeleteEntry(str(child_text(o, "Key") or ""), child_text(o, "VersionId"),
+                           child_text(o, "ETag"),
+                           next((t for t in ("LastModifiedTime", "Size")
+                                 if o.find(t) is not None), None))
+               for o in objs]
+    if not all(e.key for e in entries):
         raise S3Error("MalformedXML", "every Object needs a Key")
-    return quiet, [(str(key), vid) for key, vid in entries]
+    return quiet, entries
 
 
-async def delete_one(client: Client, bucket: str, key: str, vid: str | None) -> S3Error | None:
+async def delete_one(client: Client, bucket: str, entry: DeleteEntry) -> S3Error | None:
     """Delete one key of a DeleteObjects; the error to report for it, None if deleted
     (or absent, as S3 has it)."""
-    if vid not in (None, "null"):
+    key = entry.key
+    if entry.version_id not in (None, "null"):
         return S3Error("NoSuchVersion", "The specified version does not exist.")
     if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
         return S3Error("KeyTooLongError", "Your key is too long")
+    if entry.unsupported is not None:
+        return S3Error("NotImplemented", f"a delete on the condition of {entry.unsupported} "
+                       "is not supported", 501)
     try:
+        if entry.etag is not None:
+            await check_delete_condition(client, bucket, key, entry.etag)
         await client.delete(bucket, key)
     except NotFound:
         pass
+    except S3Error as exc:
+        return exc
     except EcstoreError as exc:  # one key's failure is reported, the others go on
         return to_s3_error(exc, key)
     return None
@@ -552,9 +604,9 @@ async def delete_objects(ctx: S3Ctx) -> web.StreamResponse:
     body = BodyReader(ctx.content, ctx.headers, ctx.auth, 4 * 1024 * 1024)
     quiet, entries = delete_request(await body.read_all())
     done, errors = [], []
-    for key, vid in entries:
-        item = el("Key", key) + (el("VersionId", vid) if vid else "")
-        err = await delete_one(ctx.client, ctx.bucket, key, vid)
+    for entry in entries:
+        item = el("Key", entry.key) + (el("VersionId", entry.version_id) if entry.version_id else "")
+        err = await delete_one(ctx.client, ctx.bucket, entry)
         if err is not None:   # el() escapes the message: once
             errors.append(el("Error", [item, el("Code", err.code), el("Message", err.message[:200])]))
         elif not quiet:

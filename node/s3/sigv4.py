@@ -45,8 +45,8 @@ PRESIGN_PARAMS = ("X-Amz-Algorithm", "X-Amz-Credential", "X-Amz-Date", "X-Amz-Ex
                   "X-Amz-SignedHeaders", "X-Amz-Signature")
 
 _HEX_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
-_AMZ_DATE = re.compile(r"\d{8}T\d{6}Z")
-_SCOPE_DATE = re.compile(r"\d{8}")
+_AMZ_DATE = re.compile(r"[0-9]{8}T[0-9]{6}Z")
+_SCOPE_DATE = re.compile(r"[0-9]{8}")
 _signing_keys: dict[tuple[str, str, str], bytes] = {}
 
 

@@ -43,9 +43,11 @@ def doc(root: str, *inner: str) -> bytes:
 
 
 def iso8601(ts_ns: int) -> str:
-    """2026-12-01T10:15:00.000Z (listing dates)."""
-    millis = (ts_ns // 1_000_000) % 1000
-    return f"{_iso_seconds(ts_ns // 1_000_000_000)}.{millis:03d}Z"
+    """2026-12-01T10:15:00.000Z (listing dates): whole seconds, as S3 sends them and as
+    HEAD's Last-Modified has them. With the milliseconds (until the twenty-fourth
+    session) `aws s3 sync --exact-timestamps` found every file it had downloaded changed
+    (it sets a file's time to whole seconds) and fetched them all again on every run."""
+    return f"{_iso_seconds(ts_ns // 1_000_000_000)}.000Z"
 
 
 @functools.lru_cache(maxsize=4096)
