@@ -38,7 +38,7 @@ async def list_buckets(ctx: S3Ctx) -> web.StreamResponse:
     q = ctx.query
     prefix = q.get("prefix", "")
     region = ctx.gw.config.region
-    after = token_decode(q["continuation-token"], ctx.gw.config.secret) \
+    after = token_decode(q["continuation-token"], ctx.gw.config.secret, "") \
         if q.get("continuation-token") else ""
     paged = any(n in q for n in ("max-buckets", "continuation-token", "prefix", "bucket-region"))
     limit = _max_buckets(q.get("max-buckets")) if paged else None
@@ -55,7 +55,7 @@ async def list_buckets(ctx: S3Ctx) -> web.StreamResponse:
     parts = [owner_xml(ctx.user), el("Buckets", items)]
     if more:
         parts.append(el("ContinuationToken", token_encode(rows[-1]["name"],
-                                                          ctx.gw.config.secret)))
+                                                          ctx.gw.config.secret, "")))
     if "prefix" in q:
         parts.append(el("Prefix", prefix))
     return xml_response(doc("ListAllMyBucketsResult", *parts))
@@ -244,24 +244,28 @@ def last_name(page: ListResult) -> str:
     return max([o.key for o in page.objects] + page.common_prefixes)
 
 
-def _token_mac(after: bytes, secret: str) -> bytes:
-    return hmac.new(secret.encode(), TOKEN_CONTEXT + after, hashlib.sha256).digest()[:TOKEN_MAC_BYTES]
+def _token_mac(after: bytes, secret: str, scope: str) -> bytes:
+    return hmac.new(secret.encode(), TOKEN_CONTEXT + scope.encode() + b"\0" + after,
+                    hashlib.sha256).digest()[:TOKEN_MAC_BYTES]
 
 
-def token_encode(after: str, secret: str) -> str:
-    """A V2 continuation token for resuming after `after`: the position and a MAC of it
-    under the cluster secret, so any worker (or a restarted gateway) takes it back and a
-    token that is not ours is refused instead of read as a position."""
+def token_encode(after: str, secret: str, scope: str) -> str:
+    """A V2 continuation token for resuming after `after` in the listing of `scope` (a
+    bucket's name, "" for ListBuckets): the position and a MAC of both under the cluster
+    secret, so any worker (or a restarted gateway) takes it back, and a token that is not
+    ours - or that another bucket's listing gave (it listed this one from there) - is
+    refused instead of read as a position."""
     raw = after.encode()
-    return base64.urlsafe_b64encode(_token_mac(raw, secret) + raw).decode()
+    return base64.urlsafe_b64encode(_token_mac(raw, secret, scope) + raw).decode()
 
 
-def token_decode(token: str, secret: str) -> str:
+def token_decode(token: str, secret: str, scope: str) -> str:
     """The position a token of token_encode names; InvalidArgument for any other."""
     try:
         raw = base64.b64decode(token.encode(), altchars=b"-_", validate=True)
         mac, after = raw[:TOKEN_MAC_BYTES], raw[TOKEN_MAC_BYTES:]
-        if len(mac) == TOKEN_MAC_BYTES and hmac.compare_digest(mac, _token_mac(after, secret)):
+        if len(mac) == TOKEN_MAC_BYTES and hmac.compare_digest(mac, _token_mac(after, secret,
+                                                                                 scope)):
             return after.decode()
     except (binascii.Error, UnicodeDecodeError, ValueError):
         pass
@@ -273,7 +277,8 @@ async def list_objects_v2(ctx: S3Ctx) -> web.StreamResponse:
     enc, max_keys = _encoder(ctx), _max_keys(ctx)
     token = ctx.query.get("continuation-token")
     start_after = ctx.query.get("start-after", "")
-    after = token_decode(token, ctx.gw.config.secret) if token is not None else start_after
+    after = token_decode(token, ctx.gw.config.secret, ctx.bucket) if token is not None \
+        else start_after
     page = await _page(ctx, after, max_keys)
     owner = bucket_owner(brec) if ctx.query.get("fetch-owner") == "true" else None
     parts = _common(ctx, enc, max_keys, page)
@@ -284,7 +289,8 @@ async def list_objects_v2(ctx: S3Ctx) -> web.StreamResponse:
         parts.append(el("StartAfter", enc(start_after)))
     if page.truncated:
         parts.append(el("NextContinuationToken", token_encode(page.next_start_after,
-                                                                   ctx.gw.config.secret)))
+                                                                   ctx.gw.config.secret,
+                                                                   ctx.bucket)))
     return xml_response(doc("ListBucketResult", *parts, *_contents(ctx, page, enc, owner)))
 
 

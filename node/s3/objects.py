@@ -105,6 +105,11 @@ def checksum_headers(rec: Mapping[str, Any]) -> dict[str, str]:
     return h
 
 
+def checksum_elements(checksums: Mapping[str, object]) -> list[str]:
+    """<ChecksumCRC32>...</ChecksumCRC32> and so on, in S3's order."""
+    return [el(f"Checksum{alg.upper()}", checksums[alg]) for alg in DIGEST_BYTES if alg in checksums]
+
+
 def checksum_mode(headers: Mapping[str, str]) -> bool:
     return headers.get("x-amz-checksum-mode", "").upper() == "ENABLED"
 
@@ -517,8 +522,10 @@ async def copy_object(ctx: S3Ctx) -> web.StreamResponse:
                                                           "checksums": stream.checksums(),
                                                           **class_field(cls)},
                                 **await class_writes(ctx.client, cls))
+    copied = stream.checksums()     # the copy's own, as S3's CopyObjectResult has them
     body = doc("CopyObjectResult", el("LastModified", iso8601(info.ts)),
-               el("ETag", f'"{stream.md5_hex()}"'))
+               el("ETag", f'"{stream.md5_hex()}"'), *checksum_elements(copied),
+               *([el("ChecksumType", "FULL_OBJECT")] if copied else []))
     return web.Response(body=body, content_type="application/xml")
 
 

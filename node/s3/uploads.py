@@ -17,6 +17,7 @@ from node.s3.context import Md5Stream, S3Ctx, bucket_owner, canned_acl
 from node.s3.errors import S3Error
 from node.s3.objects import (
     check_write_conditions,
+    checksum_elements,
     class_field,
     class_writes,
     copied_bytes,
@@ -127,11 +128,6 @@ async def _upload_part_copy(ctx: S3Ctx, number: int,
                              aiter(stream), stream.md5_hex, stream.checksums)
     return xml_response(doc("CopyPartResult", el("LastModified", iso8601(part.ts)),
                             el("ETag", f'"{part.etag}"'), *checksum_elements(stream.checksums())))
-
-
-def checksum_elements(checksums: Mapping[str, object]) -> list[str]:
-    """<ChecksumCRC32>...</ChecksumCRC32> and so on, in S3's order."""
-    return [el(f"Checksum{alg.upper()}", checksums[alg]) for alg in DIGEST_BYTES if alg in checksums]
 
 
 def complete_request(body: bytes) -> tuple[list[tuple[int, str]], dict[int, dict[str, str]]]:

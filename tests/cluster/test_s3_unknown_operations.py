@@ -12,11 +12,14 @@ every run); a browser's form upload got AccessDenied."""
 # ruff: noqa: F811
 from __future__ import annotations
 
+import base64
+import hashlib
 import re
 from email.utils import formatdate
 
 import pytest
 from botocore.client import BaseClient
+from botocore.exceptions import ClientError
 
 from node.s3.objects import parse_range
 from tests.cluster.s3_fixtures import (  # noqa: F401
@@ -160,3 +163,24 @@ def test_a_browser_form_upload_is_not_implemented(gateway: Gateway, bucket: str)
 
 def test_a_range_takes_ascii_digits_only() -> None:
     assert parse_range("bytes=\u0663-5", 10) is None and parse_range("bytes=3-5", 10) == (3, 6)
+
+
+def test_a_copy_answers_the_checksum_it_was_asked_for(s3: BaseClient, bucket: str) -> None:
+    fresh(s3, bucket, "copy-src")
+    got = s3.copy_object(Bucket=bucket, Key="copy-dst", ChecksumAlgorithm="SHA256",
+                         CopySource={"Bucket": bucket, "Key": "copy-src"})["CopyObjectResult"]
+    want = base64.b64encode(hashlib.sha256(BODY).digest()).decode()
+    assert got.get("ChecksumSHA256") == want, got
+    head = s3.head_object(Bucket=bucket, Key="copy-dst", ChecksumMode="ENABLED")
+    assert head["ChecksumSHA256"] == want
+
+
+def test_a_continuation_token_of_another_bucket_is_refused(
+        s3: BaseClient, bucket: str, empty_bucket: str) -> None:
+    for i in range(3):
+        s3.put_object(Bucket=bucket, Key=f"page/{i}", Body=b"x")
+    token = s3.list_objects_v2(Bucket=bucket, Prefix="page/", MaxKeys=1)["NextContinuationToken"]
+    assert s3.list_objects_v2(Bucket=bucket, Prefix="page/", ContinuationToken=token)["KeyCount"] == 2
+    with pytest.raises(ClientError) as err:
+        s3.list_objects_v2(Bucket=empty_bucket, ContinuationToken=token)
+    assert err.value.response["Error"]["Code"] == "InvalidArgument"

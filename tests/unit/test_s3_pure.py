@@ -143,15 +143,17 @@ def test_continuation_token_round_trips(after: str) -> None:
         after.encode()
     except UnicodeEncodeError:
         return
-    assert token_decode(token_encode(after, SECRET), SECRET) == after
+    assert token_decode(token_encode(after, SECRET, "b1"), SECRET, "b1") == after
 
 
 def test_bad_token_and_bad_xml_are_400() -> None:
     forged = base64.urlsafe_b64encode(b"foo").decode()   # base64, but not a token of ours
-    other = token_encode("foo", "another cluster's secret")
-    for token in ("%%%", forged, "Zm9v", other, "", token_encode("foo", SECRET)[:-4]):
+    other = token_encode("foo", "another cluster's secret", "b1")
+    elsewhere = token_encode("foo", SECRET, "b2")   # another bucket's listing gave it
+    for token in ("%%%", forged, "Zm9v", other, elsewhere, "",
+                  token_encode("foo", SECRET, "b1")[:-4]):
         with pytest.raises(S3Error) as exc:
-            token_decode(token, SECRET)
+            token_decode(token, SECRET, "b1")
         assert (exc.value.code, exc.value.status) == ("InvalidArgument", 400)
     for body in (b"<Delete><Object>", b"<!DOCTYPE x [<!ENTITY a 'b'>]><Delete/>", b"<Other/>", b""):
         with pytest.raises(S3Error) as exc:
