@@ -169,8 +169,23 @@ def split_path(path: str) -> tuple[str, str]:
     return bucket, key
 
 
-async def _authenticate(request: web.Request, gw: Gateway) -> tuple[str | None, AuthResult | None]:
-    """(user, AuthResult) of a signed request, (None, None) for an anonymous one."""
+def request_target(host: str | None, path: str, domains: Iterable[str]) -> tuple[str, str, bool]:
+    """(bucket, key, virtual-hosted): from the Host header when it is BUCKET.DOMAIN for one
+    of `domains` (ECSTORE_S3_DOMAIN) - the key is then the whole path - else from the path
+    (path style: /bucket/key)."""
+    name = (host or "").lower()
+    name = name.split("]", 1)[0] + "]" if name.startswith("[") else name.rsplit(":", 1)[0]
+    for domain in domains:
+        if name.endswith("." + domain) and len(name) > len(domain) + 1:
+            return name[:-len(domain) - 1], path[1:] if path.startswith("/") else path, True
+    bucket, key = split_path(path)
+    return bucket, key, False
+
+
+async def _authenticate(request: web.Request, gw: Gateway, bucket: str = ""
+                        ) -> tuple[str | None, AuthResult | None]:
+    """(user, AuthResult) of a signed request, (None, None) for an anonymous one.
+    `bucket`: of a virtual-hosted request (SigV2 signs /bucket/key whatever the Host)."""
     header = request.headers.get("Authorization", "")
     v2 = is_v2(request.query, request.headers)
     m = _CREDENTIAL.search(header)
@@ -180,6 +195,8 @@ async def _authenticate(request: web.Request, gw: Gateway) -> tuple[str | None, 
         access_key = m.group(1) if m else request.query.get("X-Amz-Credential", "").split("/")[0]
     record = await gw.key_record(access_key) if access_key else None
     raw_path = request.raw_path.split("?", 1)[0]
+    if v2 and bucket:
+        raw_path = f"/{bucket}{raw_path}"
     verify = authenticate_v2 if v2 else authenticate
     result = verify(request.method, raw_path, list(request.query.items()), request.headers,
                     lambda ak: record["secret_key"] if record and ak == access_key else None,
@@ -199,8 +216,9 @@ def error_response(request: web.Request, err: S3Error, request_id: str) -> web.R
 
 async def dispatch(request: web.Request) -> web.StreamResponse:
     gw = request.app[GATEWAY]
-    bucket, key = split_path(request.path)
-    ctx = S3Ctx(request, gw, bucket, key, None, None, request[REQUEST_ID])  # node.server's id
+    bucket, key, virtual = request_target(request.host, request.path, gw.config.domains)
+    ctx = S3Ctx(request, gw, bucket, key, None, None, request[REQUEST_ID],  # node.server's id
+                virtual=virtual)
     resp = await _answer(request, ctx)
     if ctx.body_declined() and not resp.prepared:
         resp.force_close()   # "Connection: close": the body the client kept back never comes
@@ -216,7 +234,7 @@ async def _answer(request: web.Request, ctx: S3Ctx) -> web.StreamResponse:
             # it read as an anonymous request - AccessDenied sent users after their keys
             raise not_implemented("browser-based uploads (POST Object, a form) are not "
                                   "supported: use PUT, or a presigned PUT URL", "Content-Type")
-        user, auth = await _authenticate(request, gw)
+        user, auth = await _authenticate(request, gw, ctx.bucket if ctx.virtual else "")
         ctx.user, ctx.auth = user, auth
         if user is None and not (request.method in ("GET", "HEAD") and key
                                  and not (({"acl", "uploadId"} | UNSUPPORTED) & set(request.query))):
@@ -302,6 +320,10 @@ def config_from_args(argv: list[str] | None = None) -> GatewayConfig:
     p.add_argument("--control", default=os.environ.get("ECSTORE_CONTROL", ""),
                    help="control node URLs, comma separated (or $ECSTORE_CONTROL)")
     p.add_argument("--region", default=os.environ.get("ECSTORE_S3_REGION", "us-east-1"))
+    p.add_argument("--domain", default=os.environ.get("ECSTORE_S3_DOMAIN", ""),
+                   help="host names, comma separated, whose subdomains are buckets: "
+                        "virtual-hosted-style requests (bucket.DOMAIN/key) besides path style "
+                        "(or $ECSTORE_S3_DOMAIN)")
     p.add_argument("--workers", type=int, default=int(os.environ.get("ECSTORE_GATEWAY_WORKERS", 1)),
                    help="processes sharing the port (default 1; one per core is typical)")
     p.add_argument("--segment-slots", type=int,
@@ -315,7 +337,8 @@ def config_from_args(argv: list[str] | None = None) -> GatewayConfig:
         admin_access_key=os.environ.get("ECSTORE_S3_ACCESS_KEY", ""),
         admin_secret_key=os.environ.get("ECSTORE_S3_SECRET_KEY", ""),
         host=a.host, port=a.port, region=a.region, segment_slots=a.segment_slots,
-        workers=a.workers)
+        workers=a.workers,
+        domains=tuple(d.strip().lower().strip(".") for d in a.domain.split(",") if d.strip()))
     try:
         return config.check()
     except ValueError as exc:

@@ -43,6 +43,9 @@ class GatewayConfig:
     # gateway's memory bound whatever clients send; a request waits for a slot (backpressure)
     segment_slots: int = DEFAULT_SEGMENT_SLOTS      # per worker process
     workers: int = 1
+    # host names whose subdomains name a bucket (virtual-hosted style: bucket.DOMAIN/key),
+    # lower case; none: path style only
+    domains: tuple[str, ...] = ()
 
     def check(self) -> "GatewayConfig":
         if not self.control:
@@ -177,6 +180,7 @@ class S3Ctx:
     user: str | None
     auth: AuthResult | None
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16].upper())
+    virtual: bool = False     # the bucket came from the Host header (bucket.DOMAIN)
     _content: ContinuedContent | None = field(default=None, repr=False)
 
     @property
