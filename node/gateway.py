@@ -98,12 +98,14 @@ def unknown_query(method: str, query: Mapping[str, str]) -> str | None:
 # SSE-C, of a copy's source too), tags (x-amz-tagging, CopyObject's
 # x-amz-tagging-directive), object lock, website redirects, appends (a put at
 # x-amz-write-offset-bytes replaced the object), deletes on the condition of a size or
-# time (x-amz-if-match-size, -last-modified-time): NotImplemented, never ignored.
+# time (x-amz-if-match-size, -last-modified-time), an expected bucket owner (an AWS
+# account id: we have none to compare it with): NotImplemented, never ignored.
 # None is sent by boto3, the aws cli or s3fs unless asked for.
 UNSUPPORTED_HEADERS = ("x-amz-server-side-encryption", "x-amz-copy-source-server-side-encryption",
                        "x-amz-tagging", "x-amz-object-lock-", "x-amz-bucket-object-lock-",
                        "x-amz-website-redirect-location", "x-amz-write-offset-bytes",
-                       "x-amz-if-match-")
+                       "x-amz-if-match-", "x-amz-expected-bucket-owner",
+                       "x-amz-source-expected-bucket-owner")
 
 
 def unsupported_header(headers: Iterable[str]) -> str | None:

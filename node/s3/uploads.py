@@ -170,7 +170,16 @@ async def complete_upload(ctx: S3Ctx) -> web.StreamResponse:
     requested, part_claims = complete_request(await body.read_all())
     await check_write_conditions(ctx)   # If-None-Match: * / If-Match, as a PutObject's
 
+    size_header = ctx.headers.get("x-amz-mp-object-size")
+    if size_header is not None and not re.fullmatch(r"[0-9]{1,20}", size_header.strip()):
+        raise S3Error("InvalidArgument", "x-amz-mp-object-size must be a byte count")
+
     def checksum_fields(chosen: list[dict[str, Any]]) -> dict[str, Any]:
+        if size_header is not None and int(size_header) != sum(p["size"] for p in chosen):
+            # S3's MpuObjectSize: the object the client expects; checked before the commit
+            raise S3Error("InvalidRequest", f"the parts make an object of "
+                          f"{sum(p['size'] for p in chosen)} bytes, not the "
+                          f"{int(size_header)} of x-amz-mp-object-size")
         return sums.object_checksum(
             checksum, [sums.CompletedPart(n, p["size"], p.get("checksums") or {}, part_claims[n])
                        for (n, _), p in zip(requested, chosen)],

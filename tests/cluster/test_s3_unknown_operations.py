@@ -184,3 +184,25 @@ def test_a_continuation_token_of_another_bucket_is_refused(
     with pytest.raises(ClientError) as err:
         s3.list_objects_v2(Bucket=empty_bucket, ContinuationToken=token)
     assert err.value.response["Error"]["Code"] == "InvalidArgument"
+
+
+def test_complete_checks_the_object_size_it_is_given(s3: BaseClient, bucket: str) -> None:
+    up = s3.create_multipart_upload(Bucket=bucket, Key="sized")
+    etag = s3.upload_part(Bucket=bucket, Key="sized", UploadId=up["UploadId"], PartNumber=1,
+                          Body=BODY)["ETag"]
+    parts = {"Parts": [{"PartNumber": 1, "ETag": etag}]}
+    with pytest.raises(ClientError) as err:
+        s3.complete_multipart_upload(Bucket=bucket, Key="sized", UploadId=up["UploadId"],
+                                     MultipartUpload=parts, MpuObjectSize=999)
+    assert err.value.response["Error"]["Code"] == "InvalidRequest"
+    assert s3.list_objects_v2(Bucket=bucket, Prefix="sized")["KeyCount"] == 0   # nothing committed
+    s3.complete_multipart_upload(Bucket=bucket, Key="sized", UploadId=up["UploadId"],
+                                 MultipartUpload=parts, MpuObjectSize=len(BODY))
+    assert s3.get_object(Bucket=bucket, Key="sized")["Body"].read() == BODY
+
+
+def test_an_expected_bucket_owner_is_not_implemented(s3: BaseClient, bucket: str) -> None:
+    with pytest.raises(ClientError) as err:
+        s3.put_object(Bucket=bucket, Key="owned", Body=b"x", ExpectedBucketOwner="111122223333")
+    assert err.value.response["Error"]["Code"] == "NotImplemented"
+    assert s3.list_objects_v2(Bucket=bucket, Prefix="owned")["KeyCount"] == 0
