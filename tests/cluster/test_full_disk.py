@@ -9,8 +9,6 @@ import hashlib
 import logging
 import math
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +21,7 @@ from store.client import SyncClient, expected_fragment_nodes
 from store.client_base import REFUSED_BACKOFF_S
 from store.errors import InsufficientStorage
 from store.striping import fragment_id
-from tests.cluster.tmpfs import mount_tmpfs, tmpfs_disk, unmount
+from tests.cluster.tmpfs import cluster_on_tmpfs, tmpfs_disk
 from tests.scrape import parse, value
 
 MiB = 1024 * 1024
@@ -32,21 +30,8 @@ DISK_MIB = 20
 
 @pytest.fixture(scope="module")
 def small_disk() -> Iterator[LocalCluster]:
-    tmp = Path(tempfile.mkdtemp(prefix="ecstore-full-"))
-    c = LocalCluster.create(tmp, storage=7, control=3, k=4, m=2, gateway=False)
-    disk = Path(c.nodes["s1"].data)
-    why = mount_tmpfs(disk, DISK_MIB)
-    if why is not None:
-        shutil.rmtree(tmp, ignore_errors=True)
-        pytest.skip(why)
-    try:
-        c.start()
+    with cluster_on_tmpfs("ecstore-full-", DISK_MIB) as c:
         yield c
-    finally:
-        c.stop()
-        gc.collect()    # a FragmentStore a failed test left open holds its volume files
-        unmount(disk)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _holders(c: SyncClient, bucket: str, key: str) -> list[list[str]]:

@@ -6,12 +6,9 @@ every fragment on the disk was unavailable. The filesystem is a real tmpfs remou
 read-only."""
 from __future__ import annotations
 
-import gc
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +18,7 @@ import pytest
 from cli.localcluster import LocalCluster
 from store.client import SyncClient, expected_fragment_nodes
 from store.striping import fragment_id
-from tests.cluster.tmpfs import mount_tmpfs, unmount
+from tests.cluster.tmpfs import cluster_on_tmpfs
 
 MiB = 1024 * 1024
 
@@ -33,21 +30,8 @@ def remount(path: Path, mode: str) -> None:
 
 @pytest.fixture()
 def cluster() -> Iterator[LocalCluster]:
-    tmp = Path(tempfile.mkdtemp(prefix="ecstore-ro-"))
-    c = LocalCluster.create(tmp, storage=7, control=3, k=4, m=2, gateway=False)
-    disk = Path(c.nodes["s1"].data)
-    why = mount_tmpfs(disk, 64)
-    if why is not None:
-        shutil.rmtree(tmp, ignore_errors=True)
-        pytest.skip(why)
-    try:
-        c.start()
+    with cluster_on_tmpfs("ecstore-ro-", 64) as c:
         yield c
-    finally:
-        c.stop()
-        gc.collect()
-        unmount(disk)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _holders(c: SyncClient, key: str) -> list[tuple[str, str]]:

@@ -6,11 +6,15 @@ import contextlib
 import errno
 import gc
 import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from cli.localcluster import LocalCluster
 
 MiB = 1024 * 1024
 
@@ -40,6 +44,28 @@ def tmpfs_disk(path: Path, size_mib: int) -> Iterator[Path]:
     finally:
         gc.collect()
         unmount(path)
+
+
+@contextlib.contextmanager
+def cluster_on_tmpfs(prefix: str, size_mib: int, node_id: str = "s1") -> Iterator[LocalCluster]:
+    """A started local cluster of 7 storage and 3 control nodes (4+2) whose node
+    `node_id` keeps its data on a tmpfs of size_mib - the test skipped, saying why, where
+    one cannot be mounted; stopped, unmounted and removed after."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    c = LocalCluster.create(tmp, storage=7, control=3, k=4, m=2, gateway=False)
+    disk = Path(c.nodes[node_id].data)
+    why = mount_tmpfs(disk, size_mib)
+    if why is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+        pytest.skip(why)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+        gc.collect()    # a FragmentStore a failed test left open holds its volume files
+        unmount(disk)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def unmount(path: Path) -> None:
