@@ -131,7 +131,7 @@ class PutPath(ClientBase):
             await self.meta.write(nodes, meta_path(bucket, key), record, w, (bucket, key))
         except Unavailable as exc:  # some replica may hold it: a later read may repair it in
             raise Unavailable(f"{exc.message}; the outcome of this write is unknown (it may "
-                              "still appear)", **exc.details, outcome="unknown") from None
+                              "still appear)", **{**exc.details, "outcome": "unknown"}) from None
 
     async def _put_segments(self, cmap: ClusterMap, pol: Policy, bucket: str, key: str,
                             vid: str, record: dict[str, Any], segments: AsyncIterator[bytes],
