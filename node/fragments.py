@@ -53,6 +53,7 @@ from node.volumes import (
     MAX_HEADER_BYTES,
     RECORD_MAGIC,
     RECORD_PREFIX,
+    UNREADABLE_ERRNOS,
     VOLUME_HEADER,
     VOLUME_MAGIC,
     Fragment,
@@ -253,7 +254,20 @@ class FragmentStore:
             self._new_volume()      # appends never go after damaged bytes
 
     def _scan_volume(self, vid: int, path: str, last: bool) -> Volume | None:
-        vol = open_volume(vid, path, os.O_RDONLY if self.read_only else os.O_RDWR)
+        try:
+            vol = open_volume(vid, path, os.O_RDONLY if self.read_only else os.O_RDWR)
+        except OSError as exc:
+            if exc.errno not in UNREADABLE_ERRNOS:
+                raise
+            # its first page: no salt to check a record with, so none of it is read (a
+            # node that raised here could not start on that disk at all)
+            size = os.stat(path).st_size
+            log.error("volume %s: the disk cannot read its header (%s): left alone, not read; "
+                      "its fragments are missing here until repair rebuilds them", path,
+                      exc.strerror)
+            self.unreadable[path] = size
+            self._damaged_tail = self._damaged_tail or last
+            return None
         if vol is None:
             log.error("volume %s has no valid header: left alone (its fragments are missing "
                       "here until repair rebuilds them), not read", path)
@@ -804,6 +818,12 @@ class FragmentStore:
                 self._quarantine_bytes(fid, raw)
             del self._index[fid]
             self._forget(fid, loc)
+            if self.write_failure is not None:
+                # no tombstone: the disk takes no writes (a read-only filesystem raised
+                # EROFS making a volume for one); the record is back after a restart,
+                # and scrub or a read quarantines it again
+                log.error("quarantine of %s: no tombstone written (%s)", fid, self.write_failure)
+                return True
             vol, off, parts, length = self._append_tombstone(fid)
             try:
                 self._write(vol, off, parts, length)
@@ -833,6 +853,8 @@ class FragmentStore:
 
     def quarantined_ids(self) -> list[str]:
         """Sorted ids of quarantined fragments that have no good copy here again."""
+        if not self.quarantine.is_dir():    # a read-only filesystem it was never made on
+            return []
         ids = {n.split(QUARANTINE_SEPARATOR, 1)[0] for n in os.listdir(self.quarantine)}
         return sorted(fid for fid in ids if FRAGMENT_ID_RE.match(fid) and ".." not in fid
                       and fid not in self._index)
@@ -868,7 +890,7 @@ class FragmentStore:
 
     @disk_op
     def disk(self) -> dict[str, int]:
-        st = os.statvfs(self.vdir)
+        st = os.statvfs(self.vdir if self.vdir.is_dir() else self.data_dir)
         with self._lock:
             size = sum(v.end for v in self._volumes.values())
         return {"disk_total_bytes": st.f_blocks * st.f_frsize,
@@ -883,6 +905,8 @@ class FragmentStore:
         less (a disk that fills before its volume does gets the space of deletions back
         too; one smaller than a quarter volume would never have)."""
         with self._lock:
+            if not self._volumes:   # a read-only filesystem with none on it
+                return []
             active = max(self._volumes)
             return [v for vid, v in sorted(self._volumes.items())
                     if v.live_bytes < (v.end - VOLUME_HEADER.size) * COMPACT_LIVE_FRACTION

@@ -14,7 +14,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 
 from aiohttp import web
 
@@ -171,15 +171,20 @@ def split_path(path: str) -> tuple[str, str]:
     return bucket, key
 
 
-def request_target(host: str | None, path: str, domains: Iterable[str]) -> tuple[str, str, bool]:
+def request_target(host: str | None, path: str, domains: Collection[str]) -> tuple[str, str, bool]:
     """(bucket, key, virtual-hosted): from the Host header when it is BUCKET.DOMAIN for one
-    of `domains` (ECSTORE_S3_DOMAIN) - the key is then the whole path - else from the path
-    (path style: /bucket/key)."""
-    name = (host or "").lower()
-    name = name.split("]", 1)[0] + "]" if name.startswith("[") else name.rsplit(":", 1)[0]
-    for domain in domains:
-        if name.endswith("." + domain) and len(name) > len(domain) + 1:
-            return name[:-len(domain) - 1], path[1:] if path.startswith("/") else path, True
+    of `domains` (ECSTORE_S3_DOMAIN; the longest that matches: BUCKET may hold dots) - the
+    key is then the whole path - else, a domain itself among them, from the path (path
+    style: /bucket/key)."""
+    if host and domains:
+        name = host.lower()
+        name = name.split("]", 1)[0] + "]" if name.startswith("[") else name.rsplit(":", 1)[0]
+        name = name.rstrip(".")
+        if name not in domains:
+            for domain in sorted(domains, key=len, reverse=True):
+                if name.endswith("." + domain):
+                    key = path[1:] if path.startswith("/") else path
+                    return name[:-len(domain) - 1], key, True
     bucket, key = split_path(path)
     return bucket, key, False
 
@@ -218,7 +223,9 @@ def error_response(request: web.Request, err: S3Error, request_id: str) -> web.R
 
 async def dispatch(request: web.Request) -> web.StreamResponse:
     gw = request.app[GATEWAY]
-    bucket, key, virtual = request_target(request.host, request.path, gw.config.domains)
+    # the header, not request.host: without one aiohttp asks socket.getfqdn() (DNS, blocking)
+    bucket, key, virtual = request_target(request.headers.get("Host"), request.path,
+                                          gw.config.domains)
     ctx = S3Ctx(request, gw, bucket, key, None, None, request[REQUEST_ID],  # node.server's id
                 virtual=virtual)
     resp = await _answer(request, ctx)

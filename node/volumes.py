@@ -196,9 +196,14 @@ def loc_seq(loc: Loc) -> int:
 
 def open_volume(vid: int, path: str, flags: int) -> Volume | None:
     """A volume file opened with `flags`, its end at the file's size; None (and closed)
-    when it has no valid volume header."""
+    when it has no valid volume header. An OSError reading the header (EIO: a bad page)
+    is raised with the file closed."""
     fd = os.open(path, flags | os.O_CLOEXEC)
-    head = os.pread(fd, VOLUME_HEADER.size, 0)
+    try:
+        head = os.pread(fd, VOLUME_HEADER.size, 0)
+    except OSError:
+        os.close(fd)
+        raise
     if len(head) < VOLUME_HEADER.size or head[:8] != VOLUME_MAGIC:
         os.close(fd)
         return None
@@ -234,7 +239,7 @@ def scan_records(vol: Volume, size: int, heads_only: bool = False) -> ScanResult
     records: list[tuple[int, str, int, bool, int]] = []
     pos = good_end = VOLUME_HEADER.size
     skipped = 0
-    bad: list[int] = []     # offsets of unreadable pages, each counted once
+    bad: set[int] = set()   # offsets of unreadable pages
     if size <= pos:
         return ScanResult(records, good_end, skipped, 0)
     with _scan_fd(vol, heads_only) as fd:
@@ -252,7 +257,7 @@ def scan_records(vol: Volume, size: int, heads_only: bool = False) -> ScanResult
             records.append((pos, fid, seq, deleted, length))
             pos += length
             good_end = pos
-    return ScanResult(records, good_end, skipped, len(set(bad)) * PAGE)
+    return ScanResult(records, good_end, skipped, len(bad) * PAGE)
 
 
 @contextlib.contextmanager
@@ -267,11 +272,13 @@ def _scan_fd(vol: Volume, heads_only: bool) -> Iterator[int]:
 class _Reader:
     """A volume file's bytes through pread, a window of them kept at a time. A page the
     disk cannot read reads as zeros (no record checks out there) and its offset goes into
-    `bad`; the one page only, so that the records around it are still found."""
+    `bad`; the one page only, so that the records around it are still found. A page in
+    `bad` is not asked for again (a failing disk answers each read of one slowly, after
+    its own retries): the scan asked for it once per window and search that touched it."""
 
     __slots__ = ("fd", "size", "window", "bad", "start", "buf")
 
-    def __init__(self, fd: int, size: int, window: int, bad: list[int]) -> None:
+    def __init__(self, fd: int, size: int, window: int, bad: set[int]) -> None:
         self.fd, self.size, self.window, self.bad = fd, size, window, bad
         self.start, self.buf = 0, b""
 
@@ -287,20 +294,25 @@ class _Reader:
     def read(self, start: int, end: int) -> bytes:
         """The bytes from start to end: unreadable pages (and any bytes past the file's
         end, were it cut short meanwhile) as zeros."""
-        try:
-            return _pread_whole(self.fd, end - start, start)
-        except OSError as exc:
-            if exc.errno not in UNREADABLE_ERRNOS:
-                raise
+        pages = range(start - start % PAGE, end, PAGE)
+        if not self.bad or self.bad.isdisjoint(pages):
+            try:
+                return _pread_whole(self.fd, end - start, start)
+            except OSError as exc:
+                if exc.errno not in UNREADABLE_ERRNOS:
+                    raise
         out = bytearray()
-        for page in range(start - start % PAGE, end, PAGE):   # find the bad pages
+        for page in pages:   # find the bad pages
             a, b = max(start, page), min(end, page + PAGE)
+            if page in self.bad:
+                out += bytes(b - a)
+                continue
             try:
                 out += _pread_whole(self.fd, b - a, a)
             except OSError as exc:
                 if exc.errno not in UNREADABLE_ERRNOS:
                     raise
-                self.bad.append(page)
+                self.bad.add(page)
                 out += bytes(b - a)
         return bytes(out)
 
@@ -365,7 +377,7 @@ def records_in_tail(vol: Volume, start: int, size: int, limit: int = 2) -> int:
     crash - and the bytes must not be cut off."""
     if size <= start:
         return 0
-    rd = _Reader(vol.fd, size, SCAN_WINDOW_BYTES, [])
+    rd = _Reader(vol.fd, size, SCAN_WINDOW_BYTES, set())
     found, pos = 0, start
     while found < limit:
         pos = _next_record(rd, pos, size, vol, check_crc=False)

@@ -174,7 +174,8 @@ class BadPages:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.bad: set[tuple[int, int]] = set()    # (inode, page start)
-        self.reads = 0
+        self.reads = 0      # reads that met a bad page
+        self.errors = 0     # of them, those that failed (EIO)
         real = os.pread
 
         def pread(fd: int, n: int, off: int) -> bytes:
@@ -184,6 +185,7 @@ class BadPages:
                     if (ino, page) in self.bad:
                         self.reads += 1
                         if page <= off:
+                            self.errors += 1
                             raise OSError(errno.EIO, "Input/output error (injected)")
                         n = page - off
                         break
@@ -321,3 +323,97 @@ def test_a_disk_that_stops_answering_shows_in_health_status_and_metrics(
         harness.serve(tmp_path, body, timeout_s=60)
     finally:
         release.set()
+
+
+def test_a_volume_whose_header_page_is_unreadable_is_left_and_the_node_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """EIO on a volume's first page (its header, whose salt checks every record): the
+    node raised OSError opening its volumes and could not start on that disk at all. Now
+    that volume is left alone (not read, not written, its number not taken again), every
+    other volume's fragments read, the status says so, and puts go to a new volume."""
+    store = FragmentStore(tmp_path, fsync=True, reserve_bytes=0, volume_bytes=256 * 1024)
+    bodies = {f"f{i:02d}.0.0": bytes([i]) * 20_000 for i in range(24)}
+    for fid, body in bodies.items():
+        put(store, fid, body)
+    first, _, _ = store.record_at("f00.0.0")
+    lost = {fid for fid in bodies if store.record_at(fid)[0] == first}
+    assert 0 < len(lost) < len(bodies)
+    del store
+    size = os.path.getsize(first)
+    BadPages(monkeypatch).add(first, 0)
+
+    again = FragmentStore(tmp_path, fsync=True, reserve_bytes=0, volume_bytes=256 * 1024)
+    assert again.unreadable == {first: size}
+    assert again.list("", 100) == sorted(set(bodies) - lost)
+    for fid in set(bodies) - lost:
+        assert bytes(again.read(fid).body) == bodies[fid]
+    put(again, "new.0.0", b"n" * 20_000)
+    new_path = again.record_at("new.0.0")[0]
+    assert new_path != first and os.path.basename(new_path) > os.path.basename(first)
+    again.compact()
+    assert os.path.getsize(first) == size
+    del again
+
+    async def status(t: Transport, url: str, app: web.Application) -> None:
+        got = json.loads((await t.request("GET", url, "/v1/status")).body)
+        said = [p for p in got["problems"] if "could not read" in p]
+        assert len(said) == 1 and first in said[0], got["problems"]
+    harness.serve(tmp_path, status)
+
+
+def test_a_bad_page_is_asked_for_once_per_scan(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scan goes on past a bad page to the next record; it asked the disk for that
+    page again for every window and search that touched it (a failing disk answers each
+    EIO slowly, after its retries)."""
+    store = FragmentStore(tmp_path, fsync=True, reserve_bytes=0, volume_bytes=1024 * 1024)
+    for i in range(30):
+        put(store, f"f{i:02d}.0.0", bytes([i]) * 5_000)
+    path, off, _ = store.record_at("f10.0.0")
+    del store
+    disk = BadPages(monkeypatch)
+    disk.add(path, off + 10)
+    again = FragmentStore(tmp_path, fsync=True, reserve_bytes=0, volume_bytes=1024 * 1024)
+    assert again.unreadable == {path: PAGE}
+    assert disk.errors <= 2, disk.errors   # the window that met it, then the page alone
+
+
+def test_a_read_only_filesystem_with_no_volumes_on_it_answers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node started on an empty data directory whose filesystem is read-only makes no
+    volumes/ or quarantine/ directory: its space (status), compaction and the quarantine
+    listing raised FileNotFoundError or ValueError (a 500 on every status)."""
+    real = os.statvfs
+
+    class ReadOnly:
+        def __init__(self, st: os.statvfs_result) -> None:
+            self.st = st
+
+        def __getattr__(self, name: str) -> int:
+            value = getattr(self.st, name)
+            return int(value | os.ST_RDONLY) if name == "f_flag" else int(value)
+
+    monkeypatch.setattr(os, "statvfs", lambda p: ReadOnly(real(p)))
+    store = FragmentStore(tmp_path, fsync=True, reserve_bytes=0)
+    assert store.read_only and not store.vdir.exists() and not store.quarantine.exists()
+    assert store.disk()["volumes"] == 0
+    assert store.compactable() == [] and store.compact().volumes == 0
+    assert store.quarantined_ids() == []
+    with pytest.raises(Unavailable):
+        put(store, "a.0.0", b"a")
+
+
+def test_a_quarantine_on_a_store_that_refuses_writes_writes_nothing(tmp_path: Path) -> None:
+    """Quarantine writes a tombstone; once the store refuses writes (a sync failed, the
+    filesystem went read-only) it appended one all the same, or raised EROFS making a
+    volume for it. Now the fragment is dropped from the index and nothing is written."""
+    store = FragmentStore(tmp_path, fsync=True, reserve_bytes=0, volume_bytes=256 * 1024)
+    put(store, "a.0.0", b"a" * 1000)
+    put(store, "b.0.0", b"b" * 1000)
+    store._fail_writes("an injected sync failure")
+    files = {p.name: p.stat().st_size for p in store.vdir.iterdir()}
+    assert store.quarantine_fragment("a.0.0") is True
+    assert {p.name: p.stat().st_size for p in store.vdir.iterdir()} == files
+    with pytest.raises(NotFound):
+        store.read("a.0.0")
+    assert bytes(store.read("b.0.0").body) == b"b" * 1000

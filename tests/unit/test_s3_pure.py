@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from node.gateway import request_target, split_path
 from node.s3.buckets import resume_after, token_decode, token_encode
 from node.s3.errors import S3Error
 from node.s3.objects import check_conditions, copy_source, parse_range, part_bounds
@@ -199,3 +200,26 @@ def test_a_copy_source_range_is_bytes_first_last_within_the_source_or_invalid_ar
         with pytest.raises(S3Error) as exc:
             copy_source_range(bad, 10)
         assert (exc.value.code, exc.value.status) == ("InvalidArgument", 400), bad
+
+
+@pytest.mark.parametrize("host,path,want", [
+    # the longest domain that matches: the bucket is what comes before it
+    ("data.s3.example.com", "/a/b", ("data", "a/b", True)),
+    ("Data.S3.Example.COM:9000", "/a", ("data", "a", True)),
+    ("my.dotted.bucket.example.com.", "/k", ("my.dotted.bucket", "k", True)),
+    # a domain itself, whichever other domain it ends in: path style
+    ("s3.example.com", "/bkt/k/x", ("bkt", "k/x", False)),
+    ("example.com:80", "/bkt/k", ("bkt", "k", False)),
+    # no Host, another host, an address: path style
+    (None, "/bkt/k", ("bkt", "k", False)),
+    ("127.0.0.1:9000", "/bkt/k", ("bkt", "k", False)),
+    ("[::1]:9000", "/bkt", ("bkt", "", False)),
+    ("other.org", "/bkt/k", ("bkt", "k", False)),
+])
+def test_request_target_reads_the_bucket_from_the_longest_domain(
+        host: str | None, path: str, want: tuple[str, str, bool]) -> None:
+    """Domains example.com and s3.example.com (in that order, as ECSTORE_S3_DOMAIN may
+    list them): data.s3.example.com was bucket "data.s3" of example.com, and the S3
+    endpoint s3.example.com itself bucket "s3", its path's bucket a key."""
+    assert request_target(host, path, ("example.com", "s3.example.com")) == want
+    assert request_target(host, path, ()) == ((*split_path(path), False))
