@@ -13,6 +13,7 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -221,6 +222,10 @@ class PutQueue:
 
 
 PUTS = web.AppKey("puts", PutQueue)
+# status asks the disk's statistics (statvfs) in a thread of its own: in the default pool
+# it waited behind the requests' reads and writes, and a busy node whose disk answers
+# was called "not answering" once they took STATUS_DISK_TIMEOUT_S
+DISK_STATS = web.AppKey("disk_stats", ThreadPoolExecutor)
 
 
 def _disk_error(exc: Exception) -> Exception:
@@ -363,7 +368,8 @@ async def status(request: web.Request) -> web.Response:
                                    "volumes": None, "volume_bytes": None, "dead_bytes": None}
     if stalled is None:     # else the disk's statistics would wait behind the rest
         try:
-            disk = await asyncio.wait_for(_in_thread(store.disk), STATUS_DISK_TIMEOUT_S)
+            disk = dict(await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(
+                request.app[DISK_STATS], store.disk), STATUS_DISK_TIMEOUT_S))
         except asyncio.TimeoutError:
             stalled = (f"the disk is not answering: its statistics took over "
                        f"{STATUS_DISK_TIMEOUT_S:g} s ({store.ops.in_flight()} disk operations "
@@ -534,7 +540,9 @@ def make_app(config: StorageConfig) -> web.Application:
         ensure_fd_limit_for_files(max(2 * volumes, volumes + 1024))
         app[SCRUB_NOW_LOCK] = asyncio.Lock()
         app[PUTS] = PutQueue(app[STORE])
+        app[DISK_STATS] = ThreadPoolExecutor(1, thread_name_prefix="ecstore-disk-stats")
         yield
+        app[DISK_STATS].shutdown(wait=False, cancel_futures=True)   # it may hang with the disk
         await _in_thread(app[PUTS].close)
 
     async def background_scrub(app: web.Application) -> AsyncIterator[None]:

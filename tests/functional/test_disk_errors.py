@@ -417,3 +417,26 @@ def test_a_quarantine_on_a_store_that_refuses_writes_writes_nothing(tmp_path: Pa
     with pytest.raises(NotFound):
         store.read("a.0.0")
     assert bytes(store.read("b.0.0").body) == b"b" * 1000
+
+
+def test_status_of_a_busy_node_whose_disk_answers_is_not_a_stall(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Status read the disk's statistics in the pool the requests' reads and writes use:
+    with every thread of it busy (a burst on a slow but working disk) for over
+    STATUS_DISK_TIMEOUT_S, it said "the disk is not answering" of a disk that answers."""
+    monkeypatch.setattr(storage, "STATUS_DISK_TIMEOUT_S", 0.5)
+
+    async def body(t: Transport, url: str, app: web.Application) -> None:
+        loop = asyncio.get_running_loop()
+        release = threading.Event()
+        busy = [loop.run_in_executor(None, release.wait, 10) for _ in range(64)]
+        try:
+            await asyncio.sleep(0.1)
+            st = json.loads((await asyncio.wait_for(t.request("GET", url, "/v1/status"),
+                                                    5)).body)
+            assert not any("not answering" in p for p in st["problems"]), st
+            assert st["disk_free_bytes"] > 0 and st["volumes"] >= 1
+        finally:
+            release.set()
+            await asyncio.gather(*busy)
+    harness.serve(tmp_path, body)
