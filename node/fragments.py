@@ -157,6 +157,10 @@ def disk_op(fn: Callable[Concatenate["FragmentStore", P], T]
     return run
 
 
+# how far past what the unread newest volumes could hold a store's next seq goes
+UNOPENED_SEQ_MARGIN = 1 << 32
+
+
 @dataclass
 class CompactResult:
     volumes: int = 0
@@ -215,6 +219,9 @@ class FragmentStore:
                                   "are served, not stored")
         # volume file -> bytes of it the disk could not read (EIO) when it was scanned
         self.unreadable: dict[str, int] = {}
+        # volume files not opened (a header unreadable or not a volume's): compaction keeps
+        # every tombstone while there are any
+        self.unopened: list[str] = []
         t0 = time.monotonic()
         self.open_volumes()
         migrated = self._migrate_files()
@@ -241,10 +248,25 @@ class FragmentStore:
         # a volume that cannot be read keeps its number: new ones never take its name
         self._last_vid = found[-1][0] if found else 0
         self._damaged_tail = False
+        tail_unopened = tail_bytes = 0   # volumes not opened after the last one opened
         for i, (vid, path) in enumerate(found):
             vol = self._scan_volume(vid, path, last=i == len(found) - 1)
             if vol is not None:
                 self._volumes[vid] = vol
+                tail_unopened = tail_bytes = 0
+                continue
+            self.unopened.append(path)
+            tail_unopened += 1
+            with contextlib.suppress(OSError):
+                tail_bytes += os.stat(path).st_size
+        if tail_unopened:
+            # the seqs of a volume's records are below the seq any later volume was made
+            # at (read from its header above); of the newest volumes, unread, nothing is
+            # known: a new record must outrank anything they hold - were one readable again
+            # (EIO that passes, a sector remapped), its tombstone of a fragment put since
+            # would win, and the acknowledged put be gone - so the next seq goes past the
+            # most records they could hold, and then some (seqs lost to failed writes)
+            self._seq += tail_bytes // RECORD_PREFIX.size + UNOPENED_SEQ_MARGIN
         for fid, loc in self._index.items():
             self._volumes[loc_vid(loc)].live_bytes += loc_length(loc)
             self.bytes += loc_length(loc)
@@ -261,7 +283,9 @@ class FragmentStore:
                 raise
             # its first page: no salt to check a record with, so none of it is read (a
             # node that raised here could not start on that disk at all)
-            size = os.stat(path).st_size
+            size = 0
+            with contextlib.suppress(OSError):   # its inode may not read either
+                size = os.stat(path).st_size
             log.error("volume %s: the disk cannot read its header (%s): left alone, not read; "
                       "its fragments are missing here until repair rebuilds them", path,
                       exc.strerror)
@@ -996,6 +1020,8 @@ class FragmentStore:
             # record of its fragment (one with a lower seq); otherwise it has done its job.
             others = [v.min_seq for v in self._volumes.values() if v is not vol]
             floor = min(others, default=None)
+            if self.unopened:   # volumes not read may hold older records of any fragment
+                floor = -1
         work = [(f, loc, False) for f, loc in live]
         work += [(f, loc, True) for f, loc in tombs if floor is not None and floor < loc_seq(loc)]
         moved: builtins.list[tuple[str, Loc, Loc, bool]] = []

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from cli.localcluster import LISTEN_PORT_FLOOR, PORT_RANGE_ENV, _ephemeral_range
+from cli.localcluster import LISTEN_PORT_FLOOR, PORT_RANGE_ENV, _ephemeral_range, _listen_range
 
 # Under pytest-xdist (`make test` runs two workers) each worker's clusters take their
 # ports from a range of their own, so one worker never binds the port of a node the other
@@ -16,13 +16,18 @@ from cli.localcluster import LISTEN_PORT_FLOOR, PORT_RANGE_ENV, _ephemeral_range
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _WORKER.startswith("gw") and _WORKER[2:].isdigit():
     _n, _count = int(_WORKER[2:]), max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), 1)
-    _given = os.environ.get(PORT_RANGE_ENV, "")
-    _lo, _hi = (int(p) for p in _given.split("-")) if _given else (LISTEN_PORT_FLOOR,
-                                                                   _ephemeral_range()[0] - 1)
-    _span = (_hi + 1 - _lo) // _count
-    if _span >= 200:
-        _first = _lo + _n * _span
-        os.environ[PORT_RANGE_ENV] = f"{_first}-{_first + _span - 1}"
+    if os.environ.get(PORT_RANGE_ENV):
+        _range = _listen_range()     # its checks, its message for a malformed range
+        assert _range is not None
+        _lo, _hi = _range
+    else:
+        _lo, _hi = LISTEN_PORT_FLOOR, _ephemeral_range()[0]
+    _span = (_hi - _lo) // _count
+    if _span < 100:
+        raise pytest.UsageError(f"{PORT_RANGE_ENV}: {_hi - _lo} ports cannot give each of "
+                                f"{_count} test workers 100 of its own")
+    _first = _lo + _n * _span
+    os.environ[PORT_RANGE_ENV] = f"{_first}-{_first + _span - 1}"
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--keep-tmp", action="store_true",

@@ -205,7 +205,11 @@ async def _completed_from(ctx: S3Ctx) -> dict[str, Any] | None:
 
 
 def _completed(ctx: S3Ctx, record: Mapping[str, Any]) -> web.StreamResponse:
-    location = f"{ctx.request.scheme}://{ctx.request.host}/{ctx.bucket}/{quote(ctx.key)}"
+    # the Host header (request.host without one asks socket.getfqdn(): DNS, blocking); a
+    # virtual-hosted request's names the bucket, so the path is the key alone
+    host = ctx.request.headers.get("Host") or f"{ctx.gw.config.host}:{ctx.gw.config.port}"
+    path = quote(ctx.key) if ctx.virtual else f"{ctx.bucket}/{quote(ctx.key)}"
+    location = f"{ctx.request.scheme}://{host}/{path}"
     kept = record.get("checksums") or {}
     return xml_response(doc("CompleteMultipartUploadResult", el("Location", location),
                             el("Bucket", ctx.bucket), el("Key", ctx.key),

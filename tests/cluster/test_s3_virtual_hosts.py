@@ -65,9 +65,11 @@ def test_virtual_hosted_requests_reach_the_bucket_in_the_host(
     up = virtual.create_multipart_upload(Bucket="vbkt", Key="mp")
     part = virtual.upload_part(Bucket="vbkt", Key="mp", UploadId=up["UploadId"], PartNumber=1,
                                Body=b"multi")
-    virtual.complete_multipart_upload(Bucket="vbkt", Key="mp", UploadId=up["UploadId"],
-                                      MultipartUpload={"Parts": [{"PartNumber": 1,
-                                                                  "ETag": part["ETag"]}]})
+    done = virtual.complete_multipart_upload(
+        Bucket="vbkt", Key="mp", UploadId=up["UploadId"],
+        MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]})
+    # the object's URL: the bucket in the host, not again in the path (a key "vbkt/mp")
+    assert urlsplit(done["Location"])[1:3] == (f"vbkt.{DOMAIN}:{urlsplit(path.meta.endpoint_url).port}", "/mp")
     assert path.get_object(Bucket="vbkt", Key="mp")["Body"].read() == b"multi"
     url = virtual.generate_presigned_url("get_object", Params={"Bucket": "vbkt", "Key": "mp"})
     assert urlsplit(url).hostname == f"vbkt.{DOMAIN}"
