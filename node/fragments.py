@@ -248,25 +248,27 @@ class FragmentStore:
         # a volume that cannot be read keeps its number: new ones never take its name
         self._last_vid = found[-1][0] if found else 0
         self._damaged_tail = False
-        tail_unopened = tail_bytes = 0   # volumes not opened after the last one opened
+        # bytes of the newest volumes that were not read: volumes not opened after the
+        # last one opened, and the pages of that one the disk could not read
+        tail_unread: int | None = None
         for i, (vid, path) in enumerate(found):
             vol = self._scan_volume(vid, path, last=i == len(found) - 1)
             if vol is not None:
                 self._volumes[vid] = vol
-                tail_unopened = tail_bytes = 0
+                tail_unread = self.unreadable.get(path)
                 continue
             self.unopened.append(path)
-            tail_unopened += 1
             with contextlib.suppress(OSError):
-                tail_bytes += os.stat(path).st_size
-        if tail_unopened:
+                tail_unread = (tail_unread or 0) + os.stat(path).st_size
+        if tail_unread is not None:
             # the seqs of a volume's records are below the seq any later volume was made
-            # at (read from its header above); of the newest volumes, unread, nothing is
-            # known: a new record must outrank anything they hold - were one readable again
-            # (EIO that passes, a sector remapped), its tombstone of a fragment put since
-            # would win, and the acknowledged put be gone - so the next seq goes past the
-            # most records they could hold, and then some (seqs lost to failed writes)
-            self._seq += tail_bytes // RECORD_PREFIX.size + UNOPENED_SEQ_MARGIN
+            # at (read from its header above); of the records the newest volumes hold
+            # where they were not read nothing is known: a new record must outrank them -
+            # were they readable again (an EIO that passes, a sector remapped), a tombstone
+            # there of a fragment put since (a repair's rebuild of a quarantined one) would
+            # win, and the acknowledged put be gone - so the next seq goes past the most
+            # records those bytes could hold, and then some (seqs lost to failed writes)
+            self._seq += tail_unread // RECORD_PREFIX.size + UNOPENED_SEQ_MARGIN
         for fid, loc in self._index.items():
             self._volumes[loc_vid(loc)].live_bytes += loc_length(loc)
             self.bytes += loc_length(loc)
@@ -769,7 +771,7 @@ class FragmentStore:
                 return self.pread_uncached(vol, loc_length(loc), loc_off(loc)), loc
             return pread_padded(vol.fd, loc_length(loc), loc_off(loc)), loc
         except OSError as exc:
-            if exc.errno != errno.EIO:
+            if exc.errno not in UNREADABLE_ERRNOS:
                 raise
             # a bad sector: the fragment is as lost as a damaged one (quarantined by
             # read() and the scrubber, rebuilt elsewhere by repair), not a 500 to retry
@@ -797,8 +799,8 @@ class FragmentStore:
                     raise
                 self._refused(exc)
             else:
-                if got < length:   # past the file's end: zeros, as pread_padded
-                    raw[got:] = bytes(length - got)
+                if got < length:   # a bad sector ahead (EIO), or zeros past the file's end
+                    raw[got:] = pread_padded(fd, length - got, offset + got)
                 self.uncached_reads += 1
                 return raw
         before = zerocopy.resident(fd, offset, length)

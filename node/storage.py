@@ -383,8 +383,9 @@ async def status(request: web.Request) -> web.Response:
                             unreadable and
                             f"the disk could not read {sum(unreadable.values())} bytes of "
                             f"{len(unreadable)} volume(s) ({', '.join(sorted(unreadable))}): "
-                            "their fragments there are missing until `ecstore repair` "
-                            "rebuilds them; replace the disk") if p]
+                            "their fragments there are missing here - `ecstore repair` "
+                            "rebuilds them - and this is said until the node restarts on a "
+                            "disk that reads them; replace the disk") if p]
     return web.json_response({"node_id": cfg.node_id, "role": "storage",
                               "fragments": store.count, "bytes": store.bytes, **disk,
                               "reserve_bytes": store.reserve_bytes,

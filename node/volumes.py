@@ -297,7 +297,7 @@ class _Reader:
         pages = range(start - start % PAGE, end, PAGE)
         if not self.bad or self.bad.isdisjoint(pages):
             try:
-                return _pread_whole(self.fd, end - start, start)
+                return pread_padded(self.fd, end - start, start)
             except OSError as exc:
                 if exc.errno not in UNREADABLE_ERRNOS:
                     raise
@@ -308,7 +308,7 @@ class _Reader:
                 out += bytes(b - a)
                 continue
             try:
-                out += _pread_whole(self.fd, b - a, a)
+                out += pread_padded(self.fd, b - a, a)
             except OSError as exc:
                 if exc.errno not in UNREADABLE_ERRNOS:
                     raise
@@ -426,21 +426,6 @@ def _next_record(rd: _Reader, pos: int, size: int, vol: Volume,
         pos += 1
 
 
-def _pread_whole(fd: int, length: int, offset: int) -> bytes:
-    """pread_padded that reads on after a short read: a read that meets an unreadable
-    sector returns the bytes before it, and the next one the error (EIO)."""
-    raw = os.pread(fd, length, offset)
-    if len(raw) == length or not raw:
-        return raw + bytes(length - len(raw))
-    out = bytearray(raw)
-    while len(out) < length:
-        raw = os.pread(fd, length - len(out), offset + len(out))
-        if not raw:
-            break
-        out += raw
-    return bytes(out) + bytes(length - len(out))
-
-
 def fsync_dir(path: Path | str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -451,9 +436,20 @@ def fsync_dir(path: Path | str) -> None:
 
 def pread_padded(fd: int, length: int, offset: int) -> bytes:
     """`length` bytes of fd from offset; zeros past the file's end (a record cut short on
-    disk reads as damaged - its checksum fails - never as short)."""
+    disk reads as damaged - its checksum fails - never as short). A short read is read on
+    from where it stopped: a disk returns the bytes before a sector it cannot read, and
+    the next read the error (EIO) - taken for the file's end, the rest read as zeros,
+    and a fragment with a bad page in its body was served whole but for them."""
     raw = os.pread(fd, length, offset)
-    return raw if len(raw) == length else raw + bytes(length - len(raw))
+    if len(raw) == length or not raw:
+        return raw + bytes(length - len(raw))
+    out = bytearray(raw)
+    while len(out) < length:
+        raw = os.pread(fd, length - len(out), offset + len(out))
+        if not raw:
+            break
+        out += raw
+    return bytes(out) + bytes(length - len(out))
 
 
 def parse_fragment(fid: str, raw: bytes | bytearray, verify: bool = True) -> Fragment:

@@ -518,3 +518,52 @@ def test_compaction_keeps_tombstones_while_a_volume_is_unread(
     healed = FragmentStore(tmp_path, fsync=True, reserve_bytes=0, volume_bytes=64 * 1024)
     with pytest.raises(NotFound):
         healed.read("z.0.0")
+
+
+def test_a_bad_page_inside_a_fragment_body_reads_as_corrupt(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A disk returns the bytes before a sector it cannot read and the error on the next
+    read; a read that came back short was taken for the file's end and the rest padded
+    with zeros - a fragment with a bad page in mid-body was served (unverified, as GETs
+    are) with zeros in it, and only the client's check and a /verify round trip found it
+    (real EIO through FUSE, the twenty-fifth session's sweep). Now the read goes on to
+    the error: corrupt, quarantined, as for a bad first page."""
+    store = FragmentStore(tmp_path, fsync=True, reserve_bytes=0)
+    put(store, "mid.0.0", b"m" * 40_000)
+    put(store, "ok.0.0", b"k" * 40_000)
+    path, off, length = store.record_at("mid.0.0")
+    bad = off + length // 2
+    assert bad // PAGE > off // PAGE        # not the record's first page
+    BadPages(monkeypatch).add(path, bad)
+    with pytest.raises(Corrupt, match="could not be read"):
+        store.read("mid.0.0", False)
+    assert "mid.0.0" in store.quarantined_ids()
+    assert bytes(store.read("ok.0.0", False).body) == b"k" * 40_000
+
+
+def test_a_put_after_the_newest_volume_lost_pages_outranks_their_records(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bad pages at the end of the newest volume at a start (not its header): the next seq
+    came from the records read, and a tombstone in those pages (a quarantine's) could tie
+    with or outrank the fragment's rebuilt copy put since, acknowledged - gone once the
+    disk read the pages again (real EIO through FUSE, the twenty-fifth session's sweep)."""
+    store = FragmentStore(tmp_path, fsync=True, reserve_bytes=0, volume_bytes=1024 * 1024)
+    for i in range(6):
+        put(store, f"f{i}.0.0", bytes([i]) * 9_000)
+    put(store, "x.0.0", b"old" * 3000)
+    path, x_off, _ = store.record_at("x.0.0")
+    assert store.quarantine_fragment("x.0.0")   # its tombstone: the newest record
+    end = os.path.getsize(path)
+    del store
+    disk = BadPages(monkeypatch)
+    disk.add(path, x_off)
+    disk.add(path, end - 1)
+    again = FragmentStore(tmp_path, fsync=True, reserve_bytes=0, volume_bytes=1024 * 1024)
+    assert path in again.unreadable
+    put(again, "x.0.0", b"new" * 3000)          # repair rebuilds it here: acknowledged
+    del again
+    disk.bad.clear()
+    healed = FragmentStore(tmp_path, fsync=True, reserve_bytes=0, volume_bytes=1024 * 1024)
+    assert bytes(healed.read("x.0.0").body) == b"new" * 3000
+    assert [bytes(healed.read(f"f{i}.0.0").body) for i in range(6)] == \
+        [bytes([i]) * 9_000 for i in range(6)]
