@@ -190,14 +190,39 @@ def with_client(fn: Callable[[Client, argparse.Namespace], Awaitable[int]],
 STATE_STYLES = {"up": "[green]up[/]", "degraded": "[yellow]degraded[/]", "down": "[red]down[/]"}
 
 
+EMPTY_NODE_NOTE_MIN = 16   # fragments another node of the tier holds for an empty one to be noted
+
+
+def empty_node_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """A storage node that answers with no fragment while another of its tier holds at
+    least EMPTY_NODE_NOTE_MIN: it came back on a new disk, or was added and not
+    rebalanced - either way it is `up`, and the objects it should hold a fragment of are
+    one loss less safe until repair (or the rebalance) puts them there. A hint, not a
+    state: the exit code is not changed by it."""
+    notes = []
+    storage = [r for r in rows if r["role"] == "storage" and isinstance(r.get("fragments"), int)]
+    for r in storage:
+        peers = [p for p in storage if p["tier"] == r["tier"] and p is not r]
+        fullest = max(peers, key=lambda p: int(p["fragments"]), default=None)
+        if r["fragments"] == 0 and fullest is not None \
+                and fullest["fragments"] >= EMPTY_NODE_NOTE_MIN:
+            notes.append(f"{r['id']} holds no fragments while {fullest['id']} (tier "
+                         f"{r['tier']}) holds {fullest['fragments']}: its disk replaced, or "
+                         "added without `ecstore rebalance`? `ecstore repair --dry-run` says "
+                         "what is missing, `ecstore repair` rebuilds it")
+    return notes
+
+
 async def cmd_status(c: Client, a: argparse.Namespace) -> int:
     """Every node's state; exit 3 when one is down or degraded (a full disk, a database
-    that refuses writes), each problem named under the table."""
+    that refuses writes), each problem named under the table; a storage node that came
+    back empty is noted (empty_node_notes)."""
     rows = await c.node_status()
     cmap = await c.cluster_map()
     code = 0 if all(r["state"] == "up" for r in rows) else 3
+    notes = empty_node_notes(rows)
     if a.json:
-        print(json.dumps({"epoch": cmap.epoch, "nodes": rows}, indent=2))
+        print(json.dumps({"epoch": cmap.epoch, "nodes": rows, "notes": notes}, indent=2))
         return code
     t = Table(title=f"ecstore cluster, map epoch {cmap.epoch}", box=None)
     for col in ("node", "role", "zone", "tier", "state", "fragments", "bytes", "disk free", "epoch"):
@@ -212,6 +237,8 @@ async def cmd_status(c: Client, a: argparse.Namespace) -> int:
     for r in rows:
         for problem in r.get("problems") or ():
             out.print(f"{r['id']} degraded: {problem}", highlight=False, markup=False)
+    for note in notes:
+        out.print(f"note: {note}", highlight=False, markup=False)
     return code
 
 
