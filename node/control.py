@@ -41,7 +41,7 @@ from node.server import (
 from placement.cluster_map import ClusterMap
 from store.auth import CHECKSUM_HEADER
 from store.digest import matches as digest_matches
-from store.errors import BadRequest, Conflict, EcstoreError, NotFound
+from store.errors import BadRequest, Conflict, EcstoreError, NotFound, Unavailable
 from store.listing import MAX_ROLLED_DELIMITER_BYTES, ROW_FIELDS
 from store.names import OPS_BUCKET, WORKER_OPS, check_bucket_name, check_key
 from store.transport import REQUEST_ID_RE
@@ -193,7 +193,7 @@ def read_records(db: MetaDB, items: list[Any]) -> list[list[Any]]:
                 raise BadRequest("an item must be [bucket, key, request id]")
             bucket = check_bucket_name(item[0], system_ok=True)
             key = check_key(item[1])
-            raw = db.db.get(object_key(bucket, key))
+            raw = db.get_raw(object_key(bucket, key))
             if raw is None:
                 raise NotFound(f"no record for {bucket}/{key}")
             out.append([200, raw])      # the record as stored, packed
@@ -210,7 +210,7 @@ async def get_object(request: web.Request) -> web.Response:
 def stored_record(db: MetaDB, bucket: str, key: str) -> bytes:
     """An object's record as stored (packed: sent as it is, not unpacked and packed
     again); NotFound if there is none."""
-    raw = db.db.get(object_key(bucket, key))
+    raw = db.get_raw(object_key(bucket, key))
     if raw is None:
         raise NotFound(f"no record for {bucket}/{key}")
     return raw
@@ -417,7 +417,10 @@ async def put_map(request: web.Request) -> web.Response:
 
 async def status(request: web.Request) -> web.Response:
     db, cfg = request.app[DB], request.app[CONFIG]
-    held = db.get_map() if db.is_open else None
+    try:
+        held = db.get_map() if db.is_open else None
+    except Unavailable:     # a read that failed: db_health's problems say so
+        held = None
     epoch = ClusterMap.from_bytes(held).epoch if held else 0
     return web.json_response({"node_id": cfg.node_id, "role": "control", "epoch": epoch,
                               "db_bytes": _dir_bytes(db.path), **db_health(db)})
@@ -430,7 +433,7 @@ def db_health(db: MetaDB) -> dict[str, Any]:
     in an operator's words; empty while it is not)."""
     problems = db.problems()
     return {**db.disk(), "writable": not problems and db.is_open, "db_error": db.failed,
-            "problems": problems}
+            "problems": problems + db.read_problems()}
 
 
 def _dir_bytes(path: Path) -> int:
@@ -665,7 +668,7 @@ async def fill_summaries(db: MetaDB, commit: GroupCommit, batch: int = SUMMARY_F
     node starts (listings are right meanwhile: a record without a matching summary is
     read whole), then mark the database as summarized (SUMMARIES_KEY): later starts skip
     the pass (~2.3 us a record). Returns how many it wrote; logs a step line if any."""
-    if db.db.get(SUMMARIES_KEY) is not None:
+    if db.get_raw(SUMMARIES_KEY) is not None:
         return 0
     started, after, filled = time.monotonic(), b"", 0
     while True:

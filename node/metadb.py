@@ -81,8 +81,9 @@ class SummaryCursor:
     second iterator (each record's summary, if any, is the next summary key after the
     previous record's: a seek only after a gap)."""
 
-    def __init__(self, db: Rdict, start: bytes) -> None:
-        self.it = db.iter()
+    def __init__(self, db: MetaDB, start: bytes) -> None:
+        # a read of it that fails makes a summary look absent: the record is read whole
+        self.it = db.db.iter()
         self.it.seek(summary_key(start))
 
     def of(self, k: bytes, value: bytes) -> list[Any] | None:
@@ -132,6 +133,11 @@ class MetaDB:
         self.reserve_bytes = default_reserve_bytes(path) if reserve_bytes is None else reserve_bytes
         self.failed: str | None = None
         self.failed_at = 0.0          # when (unix s)
+        # the last read RocksDB failed (an I/O error: a bad sector under an SST file), when
+        # (unix s), and how many since the node started: status names it for a while
+        self.read_failed: str | None = None
+        self.read_failed_at = 0.0
+        self.read_failures = 0
         try:
             self._rdict: Rdict | None = self._open()
         except Exception as exc:  # rocksdict raises Exception with RocksDB's status text
@@ -177,6 +183,49 @@ class MetaDB:
     def disk(self) -> dict[str, int]:
         """{"disk_total_bytes", "disk_free_bytes", "reserve_bytes"} of the database's disk."""
         return {**disk_space(self.path), "reserve_bytes": self.reserve_bytes}
+
+    def read_error(self, exc: Exception) -> Unavailable:
+        """What a read that RocksDB failed answers: 503 (the client asks another replica;
+        it was a 500 and a traceback per request), noted for status and logged at most
+        once every READ_ERROR_LOG_S."""
+        now = time.time()
+        if now - self.read_failed_at >= READ_ERROR_LOG_S:
+            log.error("metadata database read failed: %s (%d reads failed since start; "
+                      "check the disk: dmesg)", exc, self.read_failures + 1)
+        self.read_failed, self.read_failed_at = str(exc) or type(exc).__name__, now
+        self.read_failures += 1
+        return Unavailable(f"the metadata database could not read ({self.read_failed}); "
+                           "another replica may")
+
+    def get_raw(self, k: bytes) -> bytes | None:
+        """A record as stored (packed), None if absent; Unavailable when RocksDB fails
+        the read."""
+        try:
+            raw: bytes | None = self.db.get(k)
+        except EcstoreError:
+            raise
+        except Exception as exc:  # rocksdict raises Exception with RocksDB's status text
+            raise self.read_error(exc) from None
+        return raw
+
+    def _ended(self, it: Any) -> None:
+        """After an iterator stopped being valid: at the end of the keys, or because a
+        read failed - which RocksDB says only through status(). A scan that stopped on
+        an I/O error answered its page short, as if complete (200, no more), and a
+        listing left out records."""
+        try:
+            it.status()
+        except Exception as exc:  # rocksdict raises Exception with RocksDB's status text
+            raise self.read_error(exc) from None
+
+    def read_problems(self) -> list[str]:
+        """A read RocksDB failed in the last READ_ERROR_SHOWN_S: the words of status."""
+        if self.read_failed is None or time.time() - self.read_failed_at > READ_ERROR_SHOWN_S:
+            return []
+        return [f"metadata database reads failed ({self.read_failures} since start, the last "
+                f"at {_iso(self.read_failed_at)}: {self.read_failed}); those reads answer 503 "
+                "and clients ask another replica - check the disk (dmesg), then `ecstore "
+                "repair` once it reads again"]
 
     def problems(self) -> list[str]:
         """Why this database refuses writes now (empty while it takes them): the words of
@@ -239,7 +288,7 @@ class MetaDB:
                 os.unlink(probe)
 
     def get(self, k: bytes) -> dict[str, Any] | None:
-        raw = self.db.get(k)
+        raw = self.get_raw(k)
         return None if raw is None else unpack(raw)
 
     def write(self, writes: dict[bytes, bytes | None], sync: bool) -> None:
@@ -282,6 +331,7 @@ class MetaDB:
                 return out, True
             out.append((k, unpack(it.value())))
             it.next()
+        self._ended(it)
         return out, False
 
     def scan_listed(self, prefix: bytes, after: bytes, limit: int, cut_from: int = 0,
@@ -298,7 +348,7 @@ class MetaDB:
         it = self.db.iter()
         start = max(prefix, listing.scan_from(after)) if after else prefix
         it.seek(start)
-        summaries = SummaryCursor(self.db, start)
+        summaries = SummaryCursor(self, start)
         out: list[list[Any]] = []
         resume = after
         listed = self.listed
@@ -325,6 +375,8 @@ class MetaDB:
                 it.seek(listing.scan_from(resume))      # past every key under the prefix
                 continue
             it.next()
+        else:
+            self._ended(it)
         return out, False, resume
 
     def unsummarized(self, after: bytes, limit: int) -> tuple[list[bytes], bytes | None]:
@@ -334,11 +386,12 @@ class MetaDB:
         it = self.db.iter()
         start = after + b"\0" if after else b"o"
         it.seek(start)
-        summaries = SummaryCursor(self.db, start)
+        summaries = SummaryCursor(self, start)
         out: list[bytes] = []
         last: bytes | None = None
         for _ in range(limit):
             if not it.valid():
+                self._ended(it)
                 return out, None
             k = it.key()
             if k[:1] != b"o":
@@ -347,13 +400,17 @@ class MetaDB:
                 out.append(k)
             last = k
             it.next()
+        if not it.valid():
+            self._ended(it)
         return out, last if it.valid() and it.key()[:1] == b"o" else None
 
     def get_map(self) -> bytes | None:
-        return self.db.get(MAP_KEY)
+        return self.get_raw(MAP_KEY)
 
 
 
+READ_ERROR_LOG_S = 10.0        # a failing read is logged at most this often
+READ_ERROR_SHOWN_S = 300.0     # status names a failed read this long after it
 REOPEN_PROBE_BYTES = 1024 * 1024   # written and synced before a reopen: the disk takes writes
 
 
@@ -387,8 +444,7 @@ class View:
     def get_raw(self, k: bytes) -> bytes | None:
         if k in self.staged:
             return self.staged[k]
-        raw: bytes | None = self.db.db.get(k)   # raw_mode: bytes already
-        return raw
+        return self.db.get_raw(k)   # raw_mode: bytes already
 
     def get(self, k: bytes) -> dict[str, Any] | None:
         raw = self.get_raw(k)
