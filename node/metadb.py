@@ -146,8 +146,7 @@ class MetaDB:
             # A full disk: RocksDB cannot open for writing (it appends to its MANIFEST),
             # so the node would not start and its replicas' reads were lost with it.
             # Read-only, it serves reads; writes get 507 until recover() reopens it.
-            self._rdict = Rdict(str(path), Options(raw_mode=True),
-                                access_type=AccessType.read_only())
+            self._rdict = self._open_read_only()
             self.failed, self.failed_at = str(exc), time.time()
             log.error("metadata database opened read-only, its disk is full (writes refused "
                       "with 507 until space is freed): %s", exc)
@@ -160,6 +159,9 @@ class MetaDB:
 
     def _open(self) -> Rdict:
         return Rdict(str(self.path), Options(raw_mode=True))
+
+    def _open_read_only(self) -> Rdict:
+        return Rdict(str(self.path), Options(raw_mode=True), access_type=AccessType.read_only())
 
     @property
     def db(self) -> Rdict:
@@ -251,10 +253,18 @@ class MetaDB:
     def reopen(self, rdict: Rdict | None) -> None:
         """Close `rdict` (the database, already detached from readers: see
         GroupCommit.recover) and open the database again, which clears RocksDB's
-        background error; raises what opening raised (the database stays closed)."""
+        background error; raises what opening raised. Then the database is opened
+        read-only, if it can be, and serves reads (writes still refused: `failed` stays);
+        it stayed closed, and every read answered 503 for as long as the disk failed RocksDB's
+        writes but not the probe's (a real-EIO sweep: writes failing under db/ only)."""
         if rdict is not None:
             _close_quietly(rdict)   # with the error still set, its final flush fails
-        self._rdict = self._open()
+        try:
+            self._rdict = self._open()
+        except Exception:
+            with contextlib.suppress(Exception):   # else closed: reads 503 until it opens
+                self._rdict = self._open_read_only()
+            raise
         log.warning("metadata database reopened: it takes writes again (it had refused "
                     "them since %s: %s)", _iso(self.failed_at), self.failed)
         self.failed = None
@@ -600,8 +610,9 @@ class GroupCommit:
             try:
                 await loop.run_in_executor(None, db.reopen, db.detach())
             except Exception as exc:  # noqa: BLE001 - RocksDB's; tried again later
-                log.error("reopening the metadata database failed (reads and writes "
-                          "refused until it opens): %s", exc)
+                log.error("reopening the metadata database failed (%s until it opens): %s",
+                          "serving reads read-only, writes refused" if db.is_open
+                          else "reads and writes refused", exc)
                 return False
         return True
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rocksdict import Options, Rdict
 
 from cli.localcluster import LocalCluster, signed_request
 from node.metadb import GroupCommit, MetaDB
@@ -323,3 +324,33 @@ def test_metadb_opens_read_only_on_a_full_disk_and_reopens_for_writes(tmp_path: 
             db.close()
     with tmpfs_disk(disk, 8):
         asyncio.run(go())
+
+
+def test_a_reopen_that_fails_leaves_the_database_serving_reads(tmp_path: Path) -> None:
+    """recover() reopens a database that refuses writes once the disk takes a probe's
+    writes; when RocksDB's own open for writing still fails (here its LOCK, held by
+    another handle; in a real-EIO sweep, writes failing under db/ but not the probe's),
+    the database stayed closed and every read answered 503 for as long as that lasted.
+    It is opened read-only then: reads go on, writes are still refused."""
+    async def go() -> None:
+        db = MetaDB(tmp_path / "db", sync=True, reserve_bytes=0)
+        commit = GroupCommit(db)
+        db.write({b"a": b"1"}, True)
+        db.failed, db.failed_at = "injected write failure", time.time()
+        try:
+            db.close()                          # as recover's detach leaves it
+            holder = Rdict(str(tmp_path / "db"), Options(raw_mode=True))   # takes LOCK
+            try:
+                assert not await commit.recover()
+                assert db.is_open and db.get_raw(b"a") == b"1"    # reads served
+                with pytest.raises(Unavailable, match="stopped taking writes"):
+                    db.write({b"b": b"2"}, True)
+            finally:
+                holder.close()
+            assert await commit.recover()       # the lock is free: open for writing
+            db.write({b"b": b"2"}, True)
+            assert db.failed is None and db.get_raw(b"b") == b"2"
+        finally:
+            await commit.drained()
+            db.close()
+    asyncio.run(go())
