@@ -695,7 +695,15 @@ def make_app(config: ControlConfig) -> web.Application:
 
     async def open_db(app: web.Application) -> AsyncIterator[None]:
         private_dir(config.data_dir)
-        app[DB] = MetaDB(config.data_dir / "db", config.fsync, config.reserve_bytes)
+        try:
+            app[DB] = MetaDB(config.data_dir / "db", config.fsync, config.reserve_bytes)
+        except Exception as exc:  # rocksdict raises Exception with RocksDB's status text
+            # one line an operator can act on, not a traceback whose last line may not name
+            # the database (rocksdict's own config file: "Input/output error (os error 5)")
+            raise SystemExit(f"control node {config.node_id}: cannot open its metadata "
+                             f"database {config.data_dir / 'db'}: {exc} - check its disk "
+                             "(dmesg, a read-only or failing filesystem); the other control "
+                             "nodes serve meanwhile") from None
         app[COMMIT] = GroupCommit(app[DB])
         filling = asyncio.ensure_future(fill_summaries(app[DB], app[COMMIT]))
         filling.add_done_callback(_fill_failed)

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from rocksdict import Options, Rdict
 
-from cli.localcluster import LocalCluster, signed_request
+from cli.localcluster import LocalCluster, free_port, signed_request
 from node.metadb import GroupCommit, MetaDB
 from store.client import SyncClient
 from store.errors import InsufficientStorage, NotFound, Unavailable
@@ -354,3 +354,25 @@ def test_a_reopen_that_fails_leaves_the_database_serving_reads(tmp_path: Path) -
             await commit.drained()
             db.close()
     asyncio.run(go())
+
+
+def test_a_control_node_whose_database_cannot_open_says_so_in_one_line(tmp_path: Path) -> None:
+    """A control node started on a filesystem that went read-only (or fails writes): it
+    exited with a traceback whose last line was rocksdict's "Read-only file system (os
+    error 30)", naming nothing (a real-EIO sweep: "Input/output error (os error 5)").
+    Now one line names the node, the database and what to check, exit 1."""
+    disk = tmp_path / "disk"
+    with tmpfs_disk(disk, 8):
+        db = MetaDB(disk / "db", sync=True, reserve_bytes=0)
+        db.write({b"a": b"1"}, True)
+        db.close()
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "node.control", "--id", "c9", "--data", str(disk),
+             "--host", "127.0.0.1", "--port", str(free_port())],
+            env={**os.environ, "ECSTORE_SECRET": "s" * 32}, capture_output=True, text=True,
+            timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert f"control node c9: cannot open its metadata database {disk / 'db'}: " \
+        "Read-only file system" in proc.stderr, proc.stderr
