@@ -433,7 +433,7 @@ def db_health(db: MetaDB) -> dict[str, Any]:
     in an operator's words; empty while it is not)."""
     problems = db.problems()
     return {**db.disk(), "writable": not problems and db.is_open, "db_error": db.failed,
-            "problems": problems + db.read_problems()}
+            "problems": problems + db.recent_problems()}
 
 
 def _dir_bytes(path: Path) -> int:

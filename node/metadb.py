@@ -138,6 +138,12 @@ class MetaDB:
         self.read_failed: str | None = None
         self.read_failed_at = 0.0
         self.read_failures = 0
+        # the same of the writes RocksDB failed for another reason than a full disk (an
+        # I/O error): once reopened, such a database took writes until the next one
+        # failed, and status said up in between - for as long as the disk kept failing
+        self.write_errored: str | None = None
+        self.write_errored_at = 0.0
+        self.write_errors = 0
         try:
             self._rdict: Rdict | None = self._open()
         except Exception as exc:  # rocksdict raises Exception with RocksDB's status text
@@ -220,14 +226,21 @@ class MetaDB:
         except Exception as exc:  # rocksdict raises Exception with RocksDB's status text
             raise self.read_error(exc) from None
 
-    def read_problems(self) -> list[str]:
-        """A read RocksDB failed in the last READ_ERROR_SHOWN_S: the words of status."""
-        if self.read_failed is None or time.time() - self.read_failed_at > READ_ERROR_SHOWN_S:
-            return []
-        return [f"metadata database reads failed ({self.read_failures} since start, the last "
-                f"at {_iso(self.read_failed_at)}: {self.read_failed}); those reads answer 503 "
-                "and clients ask another replica - check the disk (dmesg), then `ecstore "
-                "repair` once it reads again"]
+    def recent_problems(self) -> list[str]:
+        """Reads RocksDB failed in the last READ_ERROR_SHOWN_S, and writes it failed (not
+        for a full disk) in that time while it takes writes again: the words of status."""
+        now, out = time.time(), []
+        if self.read_failed is not None and now - self.read_failed_at <= READ_ERROR_SHOWN_S:
+            out.append(f"metadata database reads failed ({self.read_failures} since start, "
+                       f"the last at {_iso(self.read_failed_at)}: {self.read_failed}); those "
+                       "reads answer 503 and clients ask another replica - check the disk "
+                       "(dmesg), then `ecstore repair` once it reads again")
+        if self.failed is None and self.write_errored is not None \
+                and now - self.write_errored_at <= READ_ERROR_SHOWN_S:
+            out.append(f"metadata database writes failed ({self.write_errors} since start, "
+                       f"the last at {_iso(self.write_errored_at)}: {self.write_errored}); "
+                       "reopened, it takes writes again - check the disk (dmesg)")
+        return out
 
     def problems(self) -> list[str]:
         """Why this database refuses writes now (empty while it takes them): the words of
@@ -323,6 +336,9 @@ class MetaDB:
             raise
         except Exception as exc:   # rocksdict raises Exception with RocksDB's status text
             self.failed, self.failed_at = str(exc) or type(exc).__name__, time.time()
+            if not _no_space(self.failed):
+                self.write_errored, self.write_errored_at = self.failed, self.failed_at
+                self.write_errors += 1
             log.error("metadata database write failed, it refuses writes until it is "
                       "reopened: %s", self.failed)
             raise self.refusal() from None
@@ -420,7 +436,7 @@ class MetaDB:
 
 
 READ_ERROR_LOG_S = 10.0        # a failing read is logged at most this often
-READ_ERROR_SHOWN_S = 300.0     # status names a failed read this long after it
+READ_ERROR_SHOWN_S = 300.0     # status names a failed read (or write) this long after it
 REOPEN_PROBE_BYTES = 1024 * 1024   # written and synced before a reopen: the disk takes writes
 
 

@@ -96,3 +96,32 @@ def test_a_read_error_is_unavailable_and_named_in_status(db: MetaDB) -> None:
     assert health["writable"] is True                 # writes are not what failed
     [problem] = health["problems"]
     assert "reads failed (1 since start" in problem and "000009.sst" in problem
+
+
+class FailingWrites:
+    def __init__(self, real: Any) -> None:
+        self.real = real
+
+    def write(self, *args: Any) -> None:
+        raise Exception("IO error: While appending to file: /db/000012.log: "  # noqa: TRY002
+                        "Input/output error")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+def test_a_write_error_stays_in_status_after_the_reopen(db: MetaDB) -> None:
+    """A write RocksDB failed with an I/O error: refused writes until the reopen (a
+    second later, when a probe file is written), then status said up until the next
+    write failed - on a disk failing only the WAL's writes, up most of the time."""
+    db._rdict = FailingWrites(db._rdict)  # type: ignore[assignment]
+    with pytest.raises(Unavailable, match="stopped taking writes"):
+        db.write({b"x": b"1"}, True)
+    [refusing] = db_health(db)["problems"]
+    assert "refuses writes since" in refusing and db_health(db)["writable"] is False
+    db.reopen(db.detach())
+    db.write({b"x": b"1"}, True)                      # takes writes again
+    health = db_health(db)
+    assert health["writable"] is True and health["db_error"] is None
+    [problem] = health["problems"]
+    assert "writes failed (1 since start" in problem and "000012.log" in problem
