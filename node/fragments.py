@@ -219,6 +219,10 @@ class FragmentStore:
                                   "are served, not stored")
         # volume file -> bytes of it the disk could not read (EIO) when it was scanned
         self.unreadable: dict[str, int] = {}
+        # fragments the disk could not read since the start (EIO), the last, and when
+        self.read_errors = 0
+        self.read_error: str | None = None
+        self.read_error_at = 0.0
         # volume files not opened (a header unreadable or not a volume's): compaction keeps
         # every tombstone while there are any
         self.unopened: list[str] = []
@@ -774,7 +778,10 @@ class FragmentStore:
             if exc.errno not in UNREADABLE_ERRNOS:
                 raise
             # a bad sector: the fragment is as lost as a damaged one (quarantined by
-            # read() and the scrubber, rebuilt elsewhere by repair), not a 500 to retry
+            # read() and the scrubber, rebuilt elsewhere by repair), not a 500 to retry;
+            # counted for status (the disk is failing: quarantines alone did not say so)
+            self.read_errors += 1
+            self.read_error, self.read_error_at = f"{fid}: {exc.strerror}", time.time()
             raise Corrupt(f"fragment {fid} could not be read: {exc.strerror} "
                           f"(errno {exc.errno})") from None
 

@@ -163,6 +163,10 @@ def test_a_fragment_the_disk_cannot_read_is_quarantined_and_the_scrubber_counts_
     assert result.corrupt == ["worse.0.0"] and result.checked == 2
     assert store.list("", 100) == ["good.0.0"]
     assert set(store.quarantined_ids()) <= {"bad.0.0", "worse.0.0"}
+    # a failing disk is said in status, not only counted in quarantined (a real-EIO
+    # sweep: status showed the node up, no problem, after its disk failed reads)
+    assert store.read_errors == 2 and store.read_error is not None
+    assert "worse.0.0" in store.read_error
 
 
 PAGE = 4096
@@ -518,6 +522,32 @@ def test_compaction_keeps_tombstones_while_a_volume_is_unread(
     healed = FragmentStore(tmp_path, fsync=True, reserve_bytes=0, volume_bytes=64 * 1024)
     with pytest.raises(NotFound):
         healed.read("z.0.0")
+
+
+def test_status_names_fragments_the_disk_could_not_read(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """After reads failed with EIO (the fragments quarantined) a storage node's status
+    was up with no problem: only the quarantined count hinted at a failing disk."""
+    store = FragmentStore(tmp_path, fsync=True, reserve_bytes=0)
+    put(store, "bad.0.0", b"b" * 40_000)
+    put(store, "ok.0.0", b"k" * 40_000)
+    path, off, _ = store.record_at("bad.0.0")
+    del store
+
+    async def body(t: Transport, url: str, app: web.Application) -> None:
+        st = json.loads((await t.request("GET", url, "/v1/status")).body)
+        assert st["problems"] == [], st
+        BadPages(monkeypatch).add(path, off)
+        with pytest.raises(Corrupt):    # a GET's read when its record is not cached
+            await asyncio.to_thread(app[storage.STORE].read, "bad.0.0", False)
+        st = json.loads((await t.request("GET", url, "/v1/status")).body)
+        [said] = st["problems"]
+        assert said.startswith("the disk could not read 1 fragment(s) since start (EIO)")
+        assert "bad.0.0" in said and "ecstore repair" in said
+        monkeypatch.setattr(storage, "READ_ERROR_SHOWN_S", 0.0)
+        await asyncio.sleep(0.01)
+        assert json.loads((await t.request("GET", url, "/v1/status")).body)["problems"] == []
+    harness.serve(tmp_path, body)
 
 
 def test_a_bad_page_inside_a_fragment_body_reads_as_corrupt(
