@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 from node.metrics import Families, gauge
@@ -61,3 +62,37 @@ def disk_gauges(role: str, disk: dict[str, int], reserve_bytes: int, what: str) 
                   disk["disk_total_bytes"]),
             gauge(f"ecstore_{role}_reserve_bytes", "Free space kept: a write that would leave "
                   "less is refused with 507.", reserve_bytes)]
+
+
+RECENT_DISK_ERROR_S = 300.0   # status names a disk error this long after the last one
+
+
+def iso_utc(t: float) -> str:
+    """Unix seconds as 2026-12-04T14:37:24Z (status and log texts)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+class ErrorTally:
+    """Errors of one kind a node's disk gave (reads it could not do, writes it failed):
+    how many since the start, the last one's text and when, for status to name them for
+    RECENT_DISK_ERROR_S after the last - an error the node survives (the read answered
+    503 or corrupt, the database reopened) left status saying `up`."""
+
+    __slots__ = ("count", "last", "last_at")
+    count: int
+    last: str | None
+    last_at: float              # unix s
+
+    def __init__(self) -> None:
+        self.count, self.last, self.last_at = 0, None, 0.0
+
+    def note(self, what: str, now: float | None = None) -> None:
+        self.count += 1
+        self.last, self.last_at = what, time.time() if now is None else now
+
+    def recent(self, window_s: float = RECENT_DISK_ERROR_S) -> bool:
+        return self.last is not None and time.time() - self.last_at <= window_s
+
+    def summary(self) -> str:
+        """"N since start, the last at T: TEXT" (status's words)."""
+        return f"{self.count} since start, the last at {iso_utc(self.last_at)}: {self.last}"

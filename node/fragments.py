@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Concatenate, NamedTuple, ParamSpec, TypeVar
 
 from node import zerocopy
-from node.disk import default_reserve_bytes, disk_space
+from node.disk import ErrorTally, default_reserve_bytes, disk_space
 from node.volumes import (
     FRAGMENT_ID_RE,
     MAX_HEADER_BYTES,
@@ -219,10 +219,8 @@ class FragmentStore:
                                   "are served, not stored")
         # volume file -> bytes of it the disk could not read (EIO) when it was scanned
         self.unreadable: dict[str, int] = {}
-        # fragments the disk could not read since the start (EIO), the last, and when
-        self.read_errors = 0
-        self.read_error: str | None = None
-        self.read_error_at = 0.0
+        # fragments the disk could not read (EIO): status names them for a while
+        self.eio_reads = ErrorTally()
         # volume files not opened (a header unreadable or not a volume's): compaction keeps
         # every tombstone while there are any
         self.unopened: list[str] = []
@@ -238,6 +236,16 @@ class FragmentStore:
         lifecycle_log.info("opened %d fragments (%d bytes) in %d volumes in %.2f s%s",
                  self.count, self.bytes, len(self._volumes), time.monotonic() - t0,
                  f"; moved {migrated} fragment files into volumes" if migrated else "")
+
+    @property
+    def read_errors(self) -> int:
+        """Fragments the disk could not read (EIO) since the start."""
+        return self.eio_reads.count
+
+    @property
+    def read_error(self) -> str | None:
+        """The last of them ("FID: strerror"), None if none."""
+        return self.eio_reads.last
 
     # ---- opening --------------------------------------------------------------------
     def open_volumes(self) -> None:
@@ -780,8 +788,7 @@ class FragmentStore:
             # a bad sector: the fragment is as lost as a damaged one (quarantined by
             # read() and the scrubber, rebuilt elsewhere by repair), not a 500 to retry;
             # counted for status (the disk is failing: quarantines alone did not say so)
-            self.read_errors += 1
-            self.read_error, self.read_error_at = f"{fid}: {exc.strerror}", time.time()
+            self.eio_reads.note(f"{fid}: {exc.strerror}")
             raise Corrupt(f"fragment {fid} could not be read: {exc.strerror} "
                           f"(errno {exc.errno})") from None
 

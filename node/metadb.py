@@ -39,7 +39,7 @@ from typing import Any, Generic, TypeVar
 
 from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
 
-from node.disk import default_reserve_bytes, disk_full_problem, disk_space
+from node.disk import ErrorTally, default_reserve_bytes, disk_full_problem, disk_space, iso_utc
 from store import listing
 from store.errors import EcstoreError, InsufficientStorage, Unavailable
 from store.listing import DELETED
@@ -81,9 +81,9 @@ class SummaryCursor:
     second iterator (each record's summary, if any, is the next summary key after the
     previous record's: a seek only after a gap)."""
 
-    def __init__(self, db: MetaDB, start: bytes) -> None:
+    def __init__(self, db: Rdict, start: bytes) -> None:
         # a read of it that fails makes a summary look absent: the record is read whole
-        self.it = db.db.iter()
+        self.it = db.iter()
         self.it.seek(summary_key(start))
 
     def of(self, k: bytes, value: bytes) -> list[Any] | None:
@@ -133,17 +133,11 @@ class MetaDB:
         self.reserve_bytes = default_reserve_bytes(path) if reserve_bytes is None else reserve_bytes
         self.failed: str | None = None
         self.failed_at = 0.0          # when (unix s)
-        # the last read RocksDB failed (an I/O error: a bad sector under an SST file), when
-        # (unix s), and how many since the node started: status names it for a while
-        self.read_failed: str | None = None
-        self.read_failed_at = 0.0
-        self.read_failures = 0
-        # the same of the writes RocksDB failed for another reason than a full disk (an
-        # I/O error): once reopened, such a database took writes until the next one
-        # failed, and status said up in between - for as long as the disk kept failing
-        self.write_errored: str | None = None
-        self.write_errored_at = 0.0
-        self.write_errors = 0
+        # reads RocksDB failed (an I/O error: a bad sector under an SST file), and writes
+        # it failed for another reason than a full disk (once reopened, such a database
+        # took writes until the next one failed, and status said up in between)
+        self.read_errors = ErrorTally()
+        self.write_errors = ErrorTally()
         try:
             self._rdict: Rdict | None = self._open()
         except Exception as exc:  # rocksdict raises Exception with RocksDB's status text
@@ -196,14 +190,17 @@ class MetaDB:
         """What a read that RocksDB failed answers: 503 (the client asks another replica;
         it was a 500 and a traceback per request), noted for status and logged at most
         once every READ_ERROR_LOG_S."""
-        now = time.time()
-        if now - self.read_failed_at >= READ_ERROR_LOG_S:
+        errors, now = self.read_errors, time.time()
+        if now - errors.last_at >= READ_ERROR_LOG_S:
             log.error("metadata database read failed: %s (%d reads failed since start; "
-                      "check the disk: dmesg)", exc, self.read_failures + 1)
-        self.read_failed, self.read_failed_at = str(exc) or type(exc).__name__, now
-        self.read_failures += 1
-        return Unavailable(f"the metadata database could not read ({self.read_failed}); "
+                      "check the disk: dmesg)", exc, errors.count + 1)
+        errors.note(str(exc) or type(exc).__name__, now)
+        return Unavailable(f"the metadata database could not read ({errors.last}); "
                            "another replica may")
+
+    @property
+    def read_failures(self) -> int:
+        return self.read_errors.count
 
     def get_raw(self, k: bytes) -> bytes | None:
         """A record as stored (packed), None if absent; Unavailable when RocksDB fails
@@ -227,18 +224,15 @@ class MetaDB:
             raise self.read_error(exc) from None
 
     def recent_problems(self) -> list[str]:
-        """Reads RocksDB failed in the last READ_ERROR_SHOWN_S, and writes it failed (not
+        """Reads RocksDB failed in the last RECENT_DISK_ERROR_S, and writes it failed (not
         for a full disk) in that time while it takes writes again: the words of status."""
-        now, out = time.time(), []
-        if self.read_failed is not None and now - self.read_failed_at <= READ_ERROR_SHOWN_S:
-            out.append(f"metadata database reads failed ({self.read_failures} since start, "
-                       f"the last at {_iso(self.read_failed_at)}: {self.read_failed}); those "
+        out = []
+        if self.read_errors.recent():
+            out.append(f"metadata database reads failed ({self.read_errors.summary()}); those "
                        "reads answer 503 and clients ask another replica - check the disk "
                        "(dmesg), then `ecstore repair` once it reads again")
-        if self.failed is None and self.write_errored is not None \
-                and now - self.write_errored_at <= READ_ERROR_SHOWN_S:
-            out.append(f"metadata database writes failed ({self.write_errors} since start, "
-                       f"the last at {_iso(self.write_errored_at)}: {self.write_errored}); "
+        if self.failed is None and self.write_errors.recent():
+            out.append(f"metadata database writes failed ({self.write_errors.summary()}); "
                        "reopened, it takes writes again - check the disk (dmesg)")
         return out
 
@@ -247,7 +241,7 @@ class MetaDB:
         the node's status."""
         out = []
         if self.failed is not None:
-            out.append(f"metadata database refuses writes since {_iso(self.failed_at)}: "
+            out.append(f"metadata database refuses writes since {iso_utc(self.failed_at)}: "
                        f"{self.failed} (it reopens once the disk takes writes again)")
         full = disk_full_problem(disk_space(self.path)["disk_free_bytes"], self.reserve_bytes)
         if full is not None:
@@ -279,7 +273,7 @@ class MetaDB:
                 self._rdict = self._open_read_only()
             raise
         log.warning("metadata database reopened: it takes writes again (it had refused "
-                    "them since %s: %s)", _iso(self.failed_at), self.failed)
+                    "them since %s: %s)", iso_utc(self.failed_at), self.failed)
         self.failed = None
         self.reopens += 1
 
@@ -337,8 +331,7 @@ class MetaDB:
         except Exception as exc:   # rocksdict raises Exception with RocksDB's status text
             self.failed, self.failed_at = str(exc) or type(exc).__name__, time.time()
             if not _no_space(self.failed):
-                self.write_errored, self.write_errored_at = self.failed, self.failed_at
-                self.write_errors += 1
+                self.write_errors.note(self.failed, self.failed_at)
             log.error("metadata database write failed, it refuses writes until it is "
                       "reopened: %s", self.failed)
             raise self.refusal() from None
@@ -374,7 +367,7 @@ class MetaDB:
         it = self.db.iter()
         start = max(prefix, listing.scan_from(after)) if after else prefix
         it.seek(start)
-        summaries = SummaryCursor(self, start)
+        summaries = SummaryCursor(self.db, start)
         out: list[list[Any]] = []
         resume = after
         listed = self.listed
@@ -412,7 +405,7 @@ class MetaDB:
         it = self.db.iter()
         start = after + b"\0" if after else b"o"
         it.seek(start)
-        summaries = SummaryCursor(self, start)
+        summaries = SummaryCursor(self.db, start)
         out: list[bytes] = []
         last: bytes | None = None
         for _ in range(limit):
@@ -436,17 +429,12 @@ class MetaDB:
 
 
 READ_ERROR_LOG_S = 10.0        # a failing read is logged at most this often
-READ_ERROR_SHOWN_S = 300.0     # status names a failed read (or write) this long after it
 REOPEN_PROBE_BYTES = 1024 * 1024   # written and synced before a reopen: the disk takes writes
 
 
 def _no_space(message: str) -> bool:
     """Whether RocksDB's error text says the disk is full (its Status::NoSpace, ENOSPC)."""
     return "No space left on device" in message or os.strerror(errno.ENOSPC) in message
-
-
-def _iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
 def _close_quietly(rdict: Rdict) -> None:

@@ -21,7 +21,13 @@ from typing import Any, NamedTuple
 from aiohttp import web
 
 from node import zerocopy
-from node.disk import disk_full_problem, disk_gauges, private_dir
+from node.disk import (
+    RECENT_DISK_ERROR_S,
+    disk_full_problem,
+    disk_gauges,
+    iso_utc,
+    private_dir,
+)
 from node.fastpath import FastPath, FragmentRoutes, send_cached_body
 from node.fastpath import enabled_from_env as fast_path_enabled
 from node.fragments import (
@@ -66,7 +72,7 @@ DEFAULT_COMPACT_RATE_MB_S = 64.0
 MAX_LIST_LIMIT = 10_000
 DISK_STALL_S = 20.0          # a disk operation running this long: the disk is not answering
 STATUS_DISK_TIMEOUT_S = 5.0  # status waits this long for the disk's statistics
-READ_ERROR_SHOWN_S = 300.0   # status names a fragment the disk could not read this long after
+READ_ERROR_SHOWN_S = RECENT_DISK_ERROR_S   # status names fragments the disk could not read
 
 
 @dataclass(frozen=True)
@@ -352,10 +358,6 @@ async def list_fragments(request: web.Request) -> web.Response:
                         content_type="application/msgpack")
 
 
-def _iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
-
-
 def stalled_problem(store: FragmentStore) -> str | None:
     """What to say when a disk operation has been running for DISK_STALL_S or more."""
     oldest = store.ops.oldest_s()
@@ -382,8 +384,7 @@ async def status(request: web.Request) -> web.Response:
     free = disk["disk_free_bytes"]
     full = None if free is None else disk_full_problem(free, store.reserve_bytes)
     unreadable = dict(store.unreadable)
-    recent_eio = (store.read_error is not None
-                  and time.time() - store.read_error_at <= READ_ERROR_SHOWN_S)
+    eio = store.eio_reads
     problems = [p for p in (stalled, full, store.write_failure and
                             f"writes refused: {store.write_failure}; check the disk, then "
                             "restart the node",
@@ -393,11 +394,11 @@ async def status(request: web.Request) -> web.Response:
                             "their fragments there are missing here - `ecstore repair` "
                             "rebuilds them - and this is said until the node restarts on a "
                             "disk that reads them; replace the disk",
-                            recent_eio and
-                            f"the disk could not read {store.read_errors} fragment(s) since "
-                            f"start (EIO), the last at {_iso(store.read_error_at)} "
-                            f"({store.read_error}): quarantined, `ecstore repair` rebuilds "
-                            "them; check the disk (dmesg)") if p]
+                            eio.recent(READ_ERROR_SHOWN_S) and
+                            f"the disk could not read {eio.count} fragment(s) since start "
+                            f"(EIO), the last at {iso_utc(eio.last_at)} ({eio.last}): "
+                            "quarantined, `ecstore repair` rebuilds them; check the disk "
+                            "(dmesg)") if p]
     return web.json_response({"node_id": cfg.node_id, "role": "storage",
                               "fragments": store.count, "bytes": store.bytes, **disk,
                               "reserve_bytes": store.reserve_bytes,
