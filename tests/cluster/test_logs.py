@@ -116,10 +116,13 @@ def test_a_failed_put_is_traced_across_the_nodes_it_reached(cluster: LocalCluste
         assert meta["HTTPStatusCode"] == 503
         rid = meta["RequestId"]
         storage = [i for i, n in cluster.nodes.items() if n.role == "storage"]
+        # the gateway's request line is written once its answer is sent (the client may read
+        # the 503 first) and its warning before: wait for the request line itself
         def reached() -> bool:
             hits = grep(cluster, rid)
-            return bool(hits["gw1"]) and any(hits[i] for i in storage)
-        wait_for(reached, "the gateway's and a storage node's lines")
+            return any(" ecstore.request " in ln for ln in hits["gw1"]) and any(
+                hits[i] for i in storage)
+        wait_for(reached, "the gateway's request line and a storage node's lines")
         hits = grep(cluster, rid)
         [answer] = [ln for ln in hits["gw1"] if " ecstore.request " in ln]
         assert fields(answer)["status"] == "503" and " WARNING " in answer
