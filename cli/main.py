@@ -191,14 +191,20 @@ STATE_STYLES = {"up": "[green]up[/]", "degraded": "[yellow]degraded[/]", "down":
 
 
 EMPTY_NODE_NOTE_MIN = 16   # fragments another node of the tier holds for an empty one to be noted
+# a control node holding under 1/8 of the records the fullest one holds (once that one holds
+# 64 or more: RocksDB's count is an estimate; records are spread by key, three copies each,
+# so every node of the ring holds about the same share)
+EMPTY_CONTROL_NOTE_MIN = 64
+EMPTY_CONTROL_NOTE_RATIO = 8
 
 
 def empty_node_notes(rows: list[dict[str, Any]]) -> list[str]:
     """A storage node that answers with no fragment while another of its tier holds at
     least EMPTY_NODE_NOTE_MIN: it came back on a new disk, or was added and not
     rebalanced - either way it is `up`, and the objects it should hold a fragment of are
-    one loss less safe until repair (or the rebalance) puts them there. A hint, not a
-    state: the exit code is not changed by it."""
+    one loss less safe until repair (or the rebalance) puts them there. The same of a
+    control node holding far fewer records than the fullest (EMPTY_CONTROL_NOTE_*): its
+    database came back empty. A hint, not a state: the exit code is not changed by it."""
     notes = []
     storage = [r for r in rows if r["role"] == "storage" and isinstance(r.get("fragments"), int)]
     for r in storage:
@@ -210,6 +216,16 @@ def empty_node_notes(rows: list[dict[str, Any]]) -> list[str]:
                          f"{r['tier']}) holds {fullest['fragments']}: its disk replaced, or "
                          "added without `ecstore rebalance`? `ecstore repair --dry-run` says "
                          "what is missing, `ecstore repair` rebuilds it")
+    control = [r for r in rows if r["role"] == "control" and isinstance(r.get("records"), int)]
+    fullest = max(control, key=lambda p: int(p["records"]), default=None)
+    for r in control:
+        if fullest is not None and fullest["records"] >= EMPTY_CONTROL_NOTE_MIN \
+                and r["records"] * EMPTY_CONTROL_NOTE_RATIO < fullest["records"]:
+            notes.append(f"{r['id']} holds about {r['records']} metadata records while "
+                         f"{fullest['id']} holds about {fullest['records']}: its disk "
+                         "replaced, or down while others were written? `ecstore repair` puts "
+                         "back every record it should hold (until then each of those has "
+                         "one copy less)")
     return notes
 
 

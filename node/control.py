@@ -423,7 +423,8 @@ async def status(request: web.Request) -> web.Response:
         held = None
     epoch = ClusterMap.from_bytes(held).epoch if held else 0
     return web.json_response({"node_id": cfg.node_id, "role": "control", "epoch": epoch,
-                              "db_bytes": _dir_bytes(db.path), **db_health(db)})
+                              "db_bytes": _dir_bytes(db.path),
+                              "records": db.records_estimate(), **db_health(db)})
 
 
 def db_health(db: MetaDB) -> dict[str, Any]:

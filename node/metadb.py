@@ -186,6 +186,19 @@ class MetaDB:
         """{"disk_total_bytes", "disk_free_bytes", "reserve_bytes"} of the database's disk."""
         return {**disk_space(self.path), "reserve_bytes": self.reserve_bytes}
 
+    def records_estimate(self) -> int | None:
+        """RocksDB's estimate of the keys held (rocksdb.estimate-num-keys: overwrites
+        and deletes not yet compacted counted roughly), None while closed or when it
+        cannot say: for status, which notes a control node that came back empty."""
+        rdict = self._rdict
+        if rdict is None:
+            return None
+        try:
+            n = rdict.property_int_value("rocksdb.estimate-num-keys")
+        except Exception:  # noqa: BLE001 - a hint for status, never an error of its own
+            return None
+        return None if n is None else int(n)
+
     def read_error(self, exc: Exception) -> Unavailable:
         """What a read that RocksDB failed answers: 503 (the client asks another replica;
         it was a 500 and a traceback per request), noted for status and logged at most

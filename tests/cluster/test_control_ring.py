@@ -241,8 +241,13 @@ def test_repair_gives_a_wiped_control_node_its_records_back(
         shutil.rmtree(lc.nodes[victim].data)
         cli(cluster, "cluster", "up", "--data", str(cluster.dir), "--detach")
         assert held_by(cluster, victim, "_keys", key["access_key"]) is None
+        # `up` like the others, and said to be (nearly) empty: it looked like any other node
+        notes = json.loads(cli(cluster, "status", "--json").stdout)["notes"]
+        assert [n.split()[0] for n in notes] == [victim], notes
+        assert "ecstore repair" in notes[0]
         rep = json.loads(cli(cluster, "repair", "--json").stdout)
         assert rep["metadata"]["failed"] == 0 and rep["metadata"]["copied"] > 0, rep["metadata"]
+        assert json.loads(cli(cluster, "status", "--json").stdout)["notes"] == []
         assert held_by(cluster, victim, "_keys", key["access_key"]) is not None
         tomb = held_by(cluster, victim, "meta", "deleted-later")
         assert tomb is not None and tomb["deleted"]

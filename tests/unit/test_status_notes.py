@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cli.main import EMPTY_NODE_NOTE_MIN, empty_node_notes
+from cli.main import EMPTY_CONTROL_NOTE_MIN, EMPTY_NODE_NOTE_MIN, empty_node_notes
 
 
 def row(node: str, fragments: int | None, tier: str = "hot", role: str = "storage",
@@ -28,3 +28,28 @@ def test_no_note_for_a_new_cluster_a_down_node_or_another_tier() -> None:
     assert empty_node_notes([row("s1", 500), row("s2", 400), row("a1", 0, "cold")]) == []
     assert [n[:3] for n in empty_node_notes([row("a1", 30, "cold"), row("a2", 0, "cold")])] \
         == ["a2 "]
+
+
+def control(node: str, records: int | None, state: str = "up") -> dict[str, Any]:
+    r: dict[str, Any] = {"id": node, "role": "control", "tier": "", "state": state}
+    if records is not None:
+        r["records"] = records
+    return r
+
+
+def test_a_control_node_holding_far_fewer_records_is_noted() -> None:
+    rows = [control("c1", 900), control("c2", 3), control("c3", 870), row("s1", 40)]
+    [note] = empty_node_notes(rows)
+    assert note.startswith("c2 holds about 3 metadata records while c1 holds about 900")
+    assert "ecstore repair" in note
+    # a share an eighth of the fullest's is still noted; more is not (RocksDB's count is
+    # an estimate, a node that missed a few writes is not worth a note)
+    assert [n[:3] for n in empty_node_notes([control("c1", 800), control("c2", 99)])] == ["c2 "]
+    assert empty_node_notes([control("c1", 800), control("c2", 100)]) == []
+
+
+def test_no_control_note_for_a_young_cluster_or_a_down_node() -> None:
+    assert empty_node_notes([control("c1", EMPTY_CONTROL_NOTE_MIN - 1), control("c2", 0)]) == []
+    assert empty_node_notes([control("c1", 5000), control("c2", None, state="down")]) == []
+    assert empty_node_notes([control("c1", 5000), control("c2", 4900),
+                             control("c3", 5100)]) == []
