@@ -91,7 +91,14 @@ def test_overwritten_and_deleted_fragments_and_tombstones_go(cluster: LocalClust
     assert dry0["tombstones_purged"] == 0
     assert len(of_version(cluster, old)) == 6           # a dry run deletes nothing
 
-    time.sleep(0.5)                                     # every tombstone replica written
+    # every replica written (a quorum of 2 acknowledged, the third is written after): a
+    # replica still holding "over"'s old record keeps its fragments live for this gc
+    def settled() -> bool:
+        return (all(r is not None and r["version_id"] == new
+                    for r in control_records(cluster, "gc-basic", "over"))
+                and all(r is not None and r["deleted"] for key in ("gone", "tiny")
+                        for r in control_records(cluster, "gc-basic", key)))
+    wait_for(settled, what="every replica to hold the overwrite and the tombstones")
     refused = run_cli(cluster, "gc", "--json", "--grace", "0")
     assert refused.returncode == 2 and b"--force if no put runs" in b" ".join(refused.stderr.split())
     assert len(of_version(cluster, old)) == 6           # refused: nothing deleted
@@ -119,7 +126,10 @@ def test_young_tombstone_kept_and_lagging_replica_repaired_first(cluster: LocalC
     client.create_bucket("gc-tomb")
     client.put("gc-tomb", "k", b"x")
     client.delete("gc-tomb", "k")
-    time.sleep(0.5)
+    # the third replica's tombstone is written after the quorum's answer
+    wait_for(lambda: all(r is not None and r["deleted"]
+                         for r in control_records(cluster, "gc-tomb", "k")),
+             what="every replica to hold the tombstone")
     assert gc_json(cluster)["tombstones_young"] >= 1    # default grace: kept
     assert all(r is not None and r["deleted"] for r in control_records(cluster, "gc-tomb", "k"))
 
