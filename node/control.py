@@ -25,7 +25,18 @@ from node.disk import disk_gauges, private_dir
 from node.fastpath import FastConn, FastPath, Request, Routes
 from node.fastpath import enabled_from_env as fast_path_enabled
 from node.logs import log_event, log_step, request_log
-from node.metadb import MAP_KEY, SUMMARIES_KEY, GroupCommit, MetaDB, View, access_key, bucket_key, newest, object_key
+from node.metadb import (
+    CLOCK_AHEAD_NOTE_S,
+    MAP_KEY,
+    SUMMARIES_KEY,
+    GroupCommit,
+    MetaDB,
+    View,
+    access_key,
+    bucket_key,
+    newest,
+    object_key,
+)
 from node.metrics import REQUEST_ID, Families, ObservabilityConfig, counter, gauge, observability_config
 from node.server import (
     OBSERVER,
@@ -86,13 +97,16 @@ def put_answer(applied: bool, current: dict[str, Any]) -> dict[str, Any]:
     return {"applied": applied, "ts": current["ts"], "version_id": current["version_id"]}
 
 
-def checked_record(raw: bytes) -> dict[str, Any]:
+def checked_record(raw: bytes, db: MetaDB) -> dict[str, Any]:
+    """The record a put carries, checked; one dated ahead of this node's clock is noted
+    (db.note_record_date: a writer's clock is off)."""
     record = unpack(raw, MAX_RECORD_BYTES)
     if not isinstance(record, dict):
         raise BadRequest("record must be a map")
     for field, typ in REQUIRED_FIELDS.items():
         if not isinstance(record.get(field), typ):
             raise BadRequest(f"record field {field!r} missing or not {typ.__name__}")
+    db.note_record_date(record["ts"])
     return record
 
 
@@ -108,7 +122,7 @@ async def put_object(request: web.Request) -> web.Response:
     bucket, key = _names(request)
     raw = await verified_body(request)
     applied, current = await request.app[COMMIT].apply(
-        newest(object_key(bucket, key), checked_record(raw), raw))
+        newest(object_key(bucket, key), checked_record(raw, request.app[DB]), raw))
     return msgpack_response(put_answer(applied, current))
 
 
@@ -120,11 +134,11 @@ async def put_objects(request: web.Request) -> web.Response:
     body] per item, in order (200 and {applied, ts, version_id}, or the error's status
     and body): a bad item fails alone. One log line names every item's request id."""
     items = await batch_items(request, 4)
-    out, at, mutations = prepare_puts(items)
+    out, at, mutations = prepare_puts(items, request.app[DB])
     return msgpack_response(finish_puts(out, at, await request.app[COMMIT].apply_many(mutations)))
 
 
-def prepare_puts(items: list[Any]) -> tuple[list[list[Any]], list[int], list[Any]]:
+def prepare_puts(items: list[Any], db: MetaDB) -> tuple[list[list[Any]], list[int], list[Any]]:
     """A put batch's items checked: (the reply so far - bad items' errors -, the index
     of each good item, its mutation)."""
     out: list[list[Any]] = [[0, None]] * len(items)
@@ -136,7 +150,7 @@ def prepare_puts(items: list[Any]) -> tuple[list[list[Any]], list[int], list[Any
                 raise BadRequest("an item must be [bucket, key, packed record, request id]")
             bucket, key, raw, _ = item
             k = object_key(check_bucket_name(bucket, system_ok=True), check_key(key))
-            mutations.append(newest(k, checked_record(raw), raw))
+            mutations.append(newest(k, checked_record(raw, db), raw))
             at.append(i)
         except EcstoreError as exc:
             out[i] = [exc.status, exc.to_body()]
@@ -371,7 +385,7 @@ async def put_bucket(request: web.Request) -> web.Response:
     bucket = check_bucket_name(request.match_info["bucket"], system_ok=True)
     raw = await verified_body(request)
     applied, current = await request.app[COMMIT].apply(
-        newest(bucket_key(bucket), checked_record(raw), raw))
+        newest(bucket_key(bucket), checked_record(raw, request.app[DB]), raw))
     return msgpack_response(put_answer(applied, current))
 
 
@@ -548,14 +562,14 @@ class RecordRoutes(Routes):
         names = checked_names(*req.arg) if op == "put_object" else None
         raw = bytes(self._verified(req, body))
         if names is not None:
-            fut = commit.submit(newest(object_key(*names), checked_record(raw), raw))
+            fut = commit.submit(newest(object_key(*names), checked_record(raw, db), raw))
             conn.wait(fut, req, lambda r, f: conn.reply(r, 200, pack(put_answer(*f.result())),
                                                         MSGPACK))
         elif op == "get_objects":
             conn.reply(req, 200, pack(read_records(db, batch_items_of(raw, 3, req.rid))),
                        MSGPACK)
         else:
-            out, at, mutations = prepare_puts(batch_items_of(raw, 4, req.rid))
+            out, at, mutations = prepare_puts(batch_items_of(raw, 4, req.rid), db)
             conn.wait(commit.submit_many(mutations), req,
                       lambda r, f: conn.reply(r, 200, pack(finish_puts(out, at, f.result())),
                                               MSGPACK))
@@ -631,6 +645,10 @@ def disk_metrics(db: MetaDB) -> Families:
                 "write (until it is reopened).", int(db.is_open and not db.problems()))
     yield counter("ecstore_control_db_reopens", "Times the database was reopened in the "
                   "process after RocksDB refused writes (a full disk freed).", db.reopens)
+    yield counter("ecstore_control_future_records", "Records put dated more than "
+                  f"{CLOCK_AHEAD_NOTE_S:g} s ahead of this node's clock (a writer's clock, or "
+                  "this node's, is off: records are ordered by their writers' clocks).",
+                  db.future_records.count)
 
 
 async def recover_loop(commit: GroupCommit, interval_s: float) -> None:

@@ -119,6 +119,11 @@ def order(record: dict[str, Any]) -> tuple[int, str]:
     return int(record["ts"]), str(record["version_id"])
 
 
+# a record put dated further than this ahead of a control node's clock is noted (status,
+# log, metric): its writer's clock or the node's is off (NTP keeps hosts within ms)
+CLOCK_AHEAD_NOTE_S = 2.0
+
+
 class MetaDB:
     """Blocking RocksDB access; every call is short (one key or one page). Reads from
     anywhere; writes only through `write` (a GroupCommit's batches).
@@ -138,6 +143,9 @@ class MetaDB:
         # took writes until the next one failed, and status said up in between)
         self.read_errors = ErrorTally()
         self.write_errors = ErrorTally()
+        # records put dated ahead of this node's clock (note_record_date)
+        self.future_records = ErrorTally()
+        self._future_logged = 0.0
         try:
             self._rdict: Rdict | None = self._open()
         except Exception as exc:  # rocksdict raises Exception with RocksDB's status text
@@ -185,6 +193,27 @@ class MetaDB:
     def disk(self) -> dict[str, int]:
         """{"disk_total_bytes", "disk_free_bytes", "reserve_bytes"} of the database's disk."""
         return {**disk_space(self.path), "reserve_bytes": self.reserve_bytes}
+
+    def note_record_date(self, ts_ns: int) -> None:
+        """Note a record put dated more than CLOCK_AHEAD_NOTE_S ahead of this node's
+        clock. A record's ts is its writer's clock when it committed (a client's, a
+        gateway's), and the newest ts wins: a writer whose clock runs ahead makes its
+        puts outrank later ones from writers with a right clock - those are
+        acknowledged, and not seen - until real time passes its dates. Nothing is
+        refused (the record may be right and this node's clock wrong); status names it
+        for RECENT_DISK_ERROR_S, the log once a minute."""
+        now = time.time()
+        ahead = ts_ns / 1e9 - now
+        if ahead <= CLOCK_AHEAD_NOTE_S:
+            return
+        self.future_records.note(f"dated {ahead:.1f} s ahead", now)
+        if now - self._future_logged >= 60.0:
+            self._future_logged = now
+            log.warning("a record put is dated %.1f s ahead of this node's clock (%d such "
+                        "since start): a writer's clock (a client's or a gateway's) or this "
+                        "node's is off - records are ordered by their writers' clocks, so a "
+                        "later put from a right clock loses to it; check NTP on both",
+                        ahead, self.future_records.count)
 
     def records_estimate(self) -> int | None:
         """RocksDB's estimate of the keys held (rocksdb.estimate-num-keys: overwrites
@@ -244,6 +273,13 @@ class MetaDB:
             out.append(f"metadata database reads failed ({self.read_errors.summary()}); those "
                        "reads answer 503 and clients ask another replica - check the disk "
                        "(dmesg), then `ecstore repair` once it reads again")
+        if self.future_records.recent():
+            out.append(f"records put dated ahead of this node's clock "
+                       f"({self.future_records.summary()}): a writer's clock (a client's or "
+                       "a gateway's) or this node's is off, and records are ordered by their "
+                       "writers' clocks - a later put from a host with a right clock loses to "
+                       "them until then; check NTP (chronyc tracking, timedatectl) on the "
+                       "writers and on this node")
         if self.failed is None and self.write_errors.recent():
             out.append(f"metadata database writes failed ({self.write_errors.summary()}); "
                        "reopened, it takes writes again - check the disk (dmesg)")
