@@ -35,6 +35,7 @@ from store.wire import FRAGMENT_META_HEADER, UNCACHED, UNCACHED_HEADER, pack_hea
 
 STRAGGLER_MIN_S = 2.0          # a fragment put this far behind its segment's k-th goes to a handoff
 STRAGGLER_FACTOR = 3.0         # ... or this many times what the k-th took, if longer
+STRAGGLER_NO_SPARE_S = 4.0     # ... and, with no node left to hand it to, this much more
 MAX_INFLIGHT_SEGMENTS = 4      # put pipeline depth: memory ~ this x segment x (k+m)/k
 VERIFY_AFTER_S = 30.0          # a put running longer checks its fragments before the commit
 INTENT_AFTER_S = 20.0          # a put running this long tells gc so (PUTS_BUCKET) ...
@@ -243,6 +244,7 @@ class PutPath(ClientBase):
         placed = 0
         start = time.monotonic()
         deadline: float | None = None   # set once k fragments are placed: for stragglers
+        last_call: float | None = None  # when stragglers no node can take over are given up
 
         def attempt(i: int, node: Node) -> None:
             meta = {"bucket": bucket, "key": key, "version_id": vid, "segment": seg, "index": i}
@@ -268,13 +270,29 @@ class PutPath(ClientBase):
                 done, _ = await asyncio.wait(attempts, timeout=timeout,
                                              return_when=asyncio.FIRST_COMPLETED)
                 if not done:  # stragglers: give their fragments to handoff nodes
-                    late = list(attempts.items())
-                    attempts.clear()
-                    for task, (i, node) in late:
+                    now = time.monotonic()
+                    handed = waiting = False
+                    for task, (i, node) in list(attempts.items()):
+                        if not spares and (last_call is None or now < last_call):
+                            # no node to hand it to: cancelling it fails the segment, so
+                            # a node that is only slow (a loaded host, a long sync) is
+                            # given STRAGGLER_NO_SPARE_S more before the put gives up
+                            waiting = True
+                            continue
+                        del attempts[task]
                         _drop(task)
                         self._mark_suspect(node)
-                        next_node(i, "too slow", node)
-                    deadline = time.monotonic() + self._straggler_grace(start)
+                        handed = handed or bool(spares)
+                        next_node(i, "too slow" if spares else
+                                  f"too slow (no answer in {now - start:.1f} s, and no other "
+                                  "node to hand its fragment to)", node)
+                    if waiting and last_call is None:
+                        last_call = now + STRAGGLER_NO_SPARE_S
+                    ends = [now + self._straggler_grace(start)] if handed else []
+                    if waiting:
+                        assert last_call is not None
+                        ends.append(last_call)
+                    deadline = min(ends, default=now)
                     continue
                 for task in done:
                     i, node = attempts.pop(task)

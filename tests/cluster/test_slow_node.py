@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -143,6 +144,22 @@ def test_a_put_that_cannot_leave_the_stalled_node_fails_cleanly() -> None:
             assert "stuck" not in [o.key for o in c.list("six").objects]
             c.put("six", "after", b"x" * (1 * MiB))
             assert c.get("six", "after") == b"x" * MiB
+            # a node that is only slow - it answers 3 s late (a loaded host, a long sync) -
+            # does not fail the put when no node could take its fragment: the put waits for
+            # it (it was cancelled 2 s after the others, and the put failed, 503)
+            body = os.urandom(2 * MiB)
+            pid = c6.nodes["s4"].pid
+            assert pid is not None
+            os.kill(pid, signal.SIGSTOP)
+            resume = threading.Timer(3.0, os.kill, (pid, signal.SIGCONT))
+            resume.start()
+            try:
+                info, took = timed(c.put, "six", "slow", body)
+            finally:
+                resume.join()
+                os.kill(pid, signal.SIGCONT)
+            assert info.size == len(body) and took >= 2.5, took
+            assert c.get("six", "slow") == body
     finally:
         c6.stop()
         shutil.rmtree(tmp, ignore_errors=True)
