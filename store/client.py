@@ -88,6 +88,8 @@ from store.wire import unpack
 if TYPE_CHECKING:
     from store.client_sync import SyncClient
 
+CLOSE_CANCEL_ROUNDS = 8   # close(): rounds of cancelling background work still pending
+
 # the public names; the private helpers above are imported "as" themselves to stay
 # importable from here too (tests use some)
 __all__ = [
@@ -133,6 +135,19 @@ class Client(GetPath, PutPath):
                 await asyncio.wait_for(self.flush_reads(), 3.0)
         if self.background:
             await asyncio.wait(set(self.background), timeout=2.0)
+        # What is still on its way (a write to a control node that does not answer) is
+        # cancelled here, on the running loop: left pending, asyncio.run destroyed it at
+        # its end ("Task was destroyed but it is pending!"), and a record batch sender's
+        # cleanup, run then by the GC, started the next batch on no loop (a RuntimeError
+        # traceback after the command's output). A cancelled sender may start the next
+        # batch of its queue: each round cancels those too.
+        for _ in range(CLOSE_CANCEL_ROUNDS):
+            pending = [t for t in self.background if not t.done()]
+            if not pending:
+                break
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending, timeout=1.0)
         await self.t.close()
 
     # ---- buckets -------------------------------------------------------------------
