@@ -152,15 +152,27 @@ class _Conn(asyncio.BufferedProtocol):
     def start(self, head: bytes, body: bytes | bytearray | memoryview = b"",
               no_body: bool = False, sink: Sink | None = None) -> asyncio.Future[Response]:
         assert self.transport is not None and self._fut is None
+        if self.closed or self.transport.is_closing():
+            # reset by the node (killed) after connect and before this first write - its
+            # connection_lost has run: a write would be dropped silently by asyncio's loop
+            # (the request then waited out its timeout) or raise RuntimeError on uvloop's
+            raise ConnectionError("connection closed by the node")
         self._fut = asyncio.get_running_loop().create_future()
         self.reusable = False
         self._no_body = no_body
         self._sink = sink
-        if len(body) <= SMALL_BODY_BYTES:
-            self.transport.write(head + body if body else head)
-        else:
-            self.transport.write(head)
-            self.transport.write(body)
+        try:
+            if len(body) <= SMALL_BODY_BYTES:
+                self.transport.write(head + body if body else head)
+            else:
+                self.transport.write(head)
+                self.transport.write(body)
+        except RuntimeError as exc:
+            # uvloop: the transport's handle is closed ("the handler is closed"): a
+            # connection that died, like any other - Unreachable for the caller
+            self._fut = None
+            self.closed = True
+            raise ConnectionError(f"connection lost: {exc}") from None
         return self._fut
 
     def abort(self) -> None:

@@ -7,8 +7,12 @@ import asyncio
 import hashlib
 import os
 import socket
+import struct
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -148,6 +152,60 @@ def test_unreachable_node_is_unavailable() -> None:
         with pytest.raises(Unreachable):
             await f.get("http://127.0.0.1:9", "/v1/fragments/x", 2.0)   # discard port: closed
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("loop_kind", ["uvloop", "asyncio"])
+def test_a_connection_reset_before_its_first_request_is_unreachable(loop_kind: str) -> None:
+    """A node SIGKILLed with connections in its accept queue resets them. When the reset
+    is processed before the request is written (a busy loop: the connection's
+    connection_lost ran between create_connection and the write), the write met a dead
+    transport: on uvloop (the DCP writer's and reader's loop, the gateway's) it raised a
+    bare RuntimeError ("the handler is closed"), which escaped put_segment's handoff and
+    read_segment's hedging - a DCP save with a spare storage node failed when one node
+    was killed mid-save (found by the ML sweep); on asyncio's loop the write was dropped
+    silently and the request waited out its whole timeout. Both are Unreachable at once."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=64)
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+    def reset_every_connection() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            time.sleep(0.02)   # once the client has the connection
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()    # RST
+    threading.Thread(target=reset_every_connection, daemon=True).start()
+
+    class BusyLoop(NodeClient):
+        async def _connection(self, addr: tuple[str, int], lane: bool,
+                              reuse: bool) -> tuple[Any, bool]:
+            conn, reused = await super()._connection(addr, lane, reuse)
+            await asyncio.sleep(0.2)   # other work on the loop: the reset arrives meanwhile
+            return conn, reused
+
+    async def go() -> list[tuple[str, float]]:
+        f = BusyLoop("secret")
+        seen = []
+        for _ in range(3):
+            t0 = time.monotonic()
+            try:
+                await f.request("PUT", url, "/v1/fragments/x", 5.0, body=b"x" * 1000)
+                seen.append(("answered", time.monotonic() - t0))
+            except Exception as exc:   # noqa: BLE001 - which kind is the point
+                seen.append((type(exc).__name__, time.monotonic() - t0))
+        f.close()
+        return seen
+    try:
+        if loop_kind == "uvloop":
+            seen = pytest.importorskip("uvloop").run(go())
+        else:
+            seen = asyncio.run(go())
+    finally:
+        listener.close()
+    assert {kind for kind, _ in seen} == {"Unreachable"}, seen
+    assert max(s for _, s in seen) < 2.0, seen   # at once, not after the 5 s timeout
 
 
 def test_cancelled_request_drops_its_connection() -> None:
