@@ -229,6 +229,30 @@ def empty_node_notes(rows: list[dict[str, Any]]) -> list[str]:
     return notes
 
 
+SLOW_ANSWER_NOTE_MS = 1000.0   # a node answering status this slowly ...
+SLOW_ANSWER_RATIO = 5.0        # ... and this many times slower than the others' median is noted
+
+
+def slow_node_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """A node that answers status, but SLOW_ANSWER_NOTE_MS or more late and many times
+    slower than the others: a slow or lossy link, an overloaded host, a disk slow to give
+    its statistics - it showed `up` like the rest (a bad-network sweep: 500 ms of latency,
+    30% loss or a 10 Mbit link on one node all said nothing). A hint, not a state."""
+    timed = [r for r in rows if isinstance(r.get("answered_ms"), (int, float))]
+    notes = []
+    for r in timed:
+        others = sorted(float(p["answered_ms"]) for p in timed if p is not r)
+        if not others:
+            continue
+        median = others[len(others) // 2]
+        if r["answered_ms"] >= SLOW_ANSWER_NOTE_MS and r["answered_ms"] >= SLOW_ANSWER_RATIO * median:
+            notes.append(f"{r['id']} answered in {r['answered_ms']:.0f} ms, the others in "
+                         f"{median:.0f} ms (median): a slow or lossy link, an overloaded host or "
+                         "a slow disk? Reads go around it; puts wait for it when no other node "
+                         "can take its fragments")
+    return notes
+
+
 async def cmd_status(c: Client, a: argparse.Namespace) -> int:
     """Every node's state; exit 3 when one is down or degraded (a full disk, a database
     that refuses writes), each problem named under the table; a storage node that came
@@ -236,7 +260,7 @@ async def cmd_status(c: Client, a: argparse.Namespace) -> int:
     rows = await c.node_status()
     cmap = await c.cluster_map()
     code = 0 if all(r["state"] == "up" for r in rows) else 3
-    notes = empty_node_notes(rows)
+    notes = empty_node_notes(rows) + slow_node_notes(rows)
     if a.json:
         print(json.dumps({"epoch": cmap.epoch, "nodes": rows, "notes": notes}, indent=2))
         return code
@@ -251,6 +275,9 @@ async def cmd_status(c: Client, a: argparse.Namespace) -> int:
                   str(r.get("epoch", "")))
     out.print(t)
     for r in rows:
+        if r["state"] == "down":
+            out.print(f"{r['id']} down: {r.get('error') or 'no answer'}", highlight=False,
+                      markup=False)
         for problem in r.get("problems") or ():
             out.print(f"{r['id']} degraded: {problem}", highlight=False, markup=False)
     for note in notes:

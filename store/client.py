@@ -278,6 +278,7 @@ class Client(GetPath, PutPath):
         async def one(node: Node, role: str) -> dict[str, Any]:
             base = {"id": node.id, "role": role, "url": node.address, "zone": node.zone,
                     "tier": node.tier}
+            started = time.monotonic()
             try:
                 reply = await self.t.request("GET", node.address, "/v1/status",
                                              timeout_s=timeout_s)
@@ -285,7 +286,8 @@ class Client(GetPath, PutPath):
                 return {**base, "up": False, "state": "down", "error": exc.message}
             answer = json.loads(reply.body)
             return {**base, "up": True,
-                    "state": "degraded" if answer.get("problems") else "up", **answer}
+                    "state": "degraded" if answer.get("problems") else "up", **answer,
+                    "answered_ms": round((time.monotonic() - started) * 1000, 1)}
 
         roles = ["control"] * len(cmap.control.nodes) + ["storage"] * (len(nodes) - len(cmap.control.nodes))
         rows: builtins.list[dict[str, Any]] = list(await asyncio.gather(*(one(n, r) for n, r in zip(nodes, roles))))

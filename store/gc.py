@@ -268,7 +268,7 @@ class GcReport(WorkReport):
         return {**super().to_dict(), "error_count": len(self.errors)}
 
 
-async def control_scan(c: Client, cmap: ClusterMap
+async def control_scan(c: Client, cmap: ClusterMap, needed_by: str = "garbage collection"
                        ) -> dict[str, dict[tuple[str, str], dict[str, Any]]]:
     """Every object record every control node holds: {node_id: {(bucket, key): row}}.
 
@@ -306,7 +306,7 @@ async def control_scan(c: Client, cmap: ClusterMap
         names = sorted(set().union(*await asyncio.gather(*(buckets(n) for n in nodes))))
         scans = await asyncio.gather(*(scan(n, names) for n in nodes))
     except EcstoreError as exc:
-        raise Unavailable(f"garbage collection needs every control node: {exc.message}") from None
+        raise Unavailable(f"{needed_by} needs every control node: {exc.message}") from None
     return {n.id: s for n, s in zip(nodes, scans)}
 
 

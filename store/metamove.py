@@ -148,7 +148,7 @@ async def repair_replicas(c: Client, dry_run: bool = False) -> ReplicaReport:
     cmap = await c.cluster_map(refresh=True)
     if not dry_run:
         await _copy_bucket_records(c, cmap, report)
-    scan = await control_scan(c, cmap)
+    scan = await control_scan(c, cmap, "the replica check")
     keys = sorted({bk for rows in scan.values() for bk in rows})
     for bucket, key in keys:
         report.records_checked += 1

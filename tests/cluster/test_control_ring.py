@@ -242,12 +242,14 @@ def test_repair_gives_a_wiped_control_node_its_records_back(
         cli(cluster, "cluster", "up", "--data", str(cluster.dir), "--detach")
         assert held_by(cluster, victim, "_keys", key["access_key"]) is None
         # `up` like the others, and said to be (nearly) empty: it looked like any other node
-        notes = json.loads(cli(cluster, "status", "--json").stdout)["notes"]
+        notes = [n for n in json.loads(cli(cluster, "status", "--json").stdout)["notes"]
+                 if " holds " in n]     # not a node slow to answer on a loaded machine
         assert [n.split()[0] for n in notes] == [victim], notes
         assert "ecstore repair" in notes[0]
         rep = json.loads(cli(cluster, "repair", "--json").stdout)
         assert rep["metadata"]["failed"] == 0 and rep["metadata"]["copied"] > 0, rep["metadata"]
-        assert json.loads(cli(cluster, "status", "--json").stdout)["notes"] == []
+        assert [n for n in json.loads(cli(cluster, "status", "--json").stdout)["notes"]
+                if " holds " in n] == []
         assert held_by(cluster, victim, "_keys", key["access_key"]) is not None
         tomb = held_by(cluster, victim, "meta", "deleted-later")
         assert tomb is not None and tomb["deleted"]

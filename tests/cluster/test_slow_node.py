@@ -186,3 +186,27 @@ def test_a_stalled_control_node_stalls_nothing(seven: LocalCluster) -> None:
         with pytest.raises(NotFound):
             c.head("slowmeta", "before")
         assert c.get("slowmeta", "k9") == b"v9" * 3000
+
+
+def test_status_notes_a_node_slow_to_answer_and_says_why_one_is_down(seven: LocalCluster) -> None:
+    """A node that answers status late (a slow link, an overloaded host) showed `up` like
+    the rest, and the table gave no reason for a node `down` (--json did)."""
+    pid = seven.nodes["s3"].pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    resume = threading.Timer(1.6, os.kill, (pid, signal.SIGCONT))
+    resume.start()
+    try:
+        slow = run_cli(seven, "status", "--json")
+    finally:
+        resume.join()
+        os.kill(pid, signal.SIGCONT)
+    assert slow.returncode == 0, slow.stderr
+    report = json.loads(slow.stdout)
+    assert [n.split()[0] for n in report["notes"]] == ["s3"], report["notes"]
+    assert next(r for r in report["nodes"] if r["id"] == "s3")["answered_ms"] >= 1000
+    with stalled(seven, "s3"):      # past status's 3 s: down, and the table says why
+        down = run_cli(seven, "status")
+    assert down.returncode == 3, down.stderr
+    [why] = [ln for ln in down.stdout.splitlines() if ln.startswith("s3 down: ")]
+    assert "s3" in why and len(why) > len("s3 down: ")

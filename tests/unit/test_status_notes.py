@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cli.main import EMPTY_CONTROL_NOTE_MIN, EMPTY_NODE_NOTE_MIN, empty_node_notes
+from cli.main import EMPTY_CONTROL_NOTE_MIN, EMPTY_NODE_NOTE_MIN, empty_node_notes, slow_node_notes
 
 
 def row(node: str, fragments: int | None, tier: str = "hot", role: str = "storage",
@@ -53,3 +53,18 @@ def test_no_control_note_for_a_young_cluster_or_a_down_node() -> None:
     assert empty_node_notes([control("c1", 5000), control("c2", None, state="down")]) == []
     assert empty_node_notes([control("c1", 5000), control("c2", 4900),
                              control("c3", 5100)]) == []
+
+
+def timed(node: str, ms: float) -> dict[str, Any]:
+    return {"id": node, "role": "storage", "tier": "hot", "state": "up", "answered_ms": ms}
+
+
+def test_a_node_answering_far_slower_than_the_others_is_noted() -> None:
+    rows = [timed("s1", 2300), timed("s2", 12), timed("s3", 15), timed("c1", 9),
+            {"id": "s4", "role": "storage", "tier": "hot", "state": "down"}]
+    [note] = slow_node_notes(rows)
+    assert note.startswith("s1 answered in 2300 ms, the others in 12 ms (median)")
+    # slow, but all alike (a loaded client or host): nothing to single out; fast: no note
+    assert slow_node_notes([timed("s1", 1500), timed("s2", 1400), timed("s3", 1600)]) == []
+    assert slow_node_notes([timed("s1", 900), timed("s2", 10), timed("s3", 10)]) == []
+    assert slow_node_notes([timed("s1", 5000)]) == []
