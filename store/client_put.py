@@ -35,7 +35,10 @@ from store.wire import FRAGMENT_META_HEADER, UNCACHED, UNCACHED_HEADER, pack_hea
 
 STRAGGLER_MIN_S = 2.0          # a fragment put this far behind its segment's k-th goes to a handoff
 STRAGGLER_FACTOR = 3.0         # ... or this many times what the k-th took, if longer
-STRAGGLER_NO_SPARE_S = 4.0     # ... and, with no node left to hand it to, this much more
+# ... and one no node is left to take is waited for while its node answers a health check
+# in STRAGGLER_PROBE_S (asked again every STRAGGLER_RECHECK_S), up to its request's timeout
+STRAGGLER_PROBE_S = 3.0
+STRAGGLER_RECHECK_S = 5.0
 MAX_INFLIGHT_SEGMENTS = 4      # put pipeline depth: memory ~ this x segment x (k+m)/k
 VERIFY_AFTER_S = 30.0          # a put running longer checks its fragments before the commit
 INTENT_AFTER_S = 20.0          # a put running this long tells gc so (PUTS_BUCKET) ...
@@ -244,7 +247,6 @@ class PutPath(ClientBase):
         placed = 0
         start = time.monotonic()
         deadline: float | None = None   # set once k fragments are placed: for stragglers
-        last_call: float | None = None  # when stragglers no node can take over are given up
 
         def attempt(i: int, node: Node) -> None:
             meta = {"bucket": bucket, "key": key, "version_id": vid, "segment": seg, "index": i}
@@ -271,27 +273,37 @@ class PutPath(ClientBase):
                                              return_when=asyncio.FIRST_COMPLETED)
                 if not done:  # stragglers: give their fragments to handoff nodes
                     now = time.monotonic()
-                    handed = waiting = False
+                    handed = False
+                    kept: list[tuple[asyncio.Future[None], int, Node]] = []
                     for task, (i, node) in list(attempts.items()):
-                        if not spares and (last_call is None or now < last_call):
-                            # no node to hand it to: cancelling it fails the segment, so
-                            # a node that is only slow (a loaded host, a long sync) is
-                            # given STRAGGLER_NO_SPARE_S more before the put gives up
-                            waiting = True
+                        if not spares:
+                            kept.append((task, i, node))
                             continue
                         del attempts[task]
                         _drop(task)
                         self._mark_suspect(node)
-                        handed = handed or bool(spares)
-                        next_node(i, "too slow" if spares else
-                                  f"too slow (no answer in {now - start:.1f} s, and no other "
-                                  "node to hand its fragment to)", node)
-                    if waiting and last_call is None:
-                        last_call = now + STRAGGLER_NO_SPARE_S
+                        handed = True
+                        next_node(i, "too slow", node)
+                    # no node to hand these to: cancelling one fails the segment, so a
+                    # node that answers its health check (slow - a loaded host, a long
+                    # sync, a thin or lossy link - not stalled) is waited for, until its
+                    # request's own timeout; one that does not is given up
+                    answering = await self._answering({n.id: n for _, _, n in kept})
+                    waiting = False
+                    for task, i, node in kept:
+                        if task.done() or node.id in answering:
+                            waiting = waiting or not task.done()
+                            continue
+                        del attempts[task]
+                        _drop(task)
+                        self._mark_suspect(node)
+                        next_node(i, f"too slow (no answer in {time.monotonic() - start:.1f} "
+                                  "s, its health check unanswered, and no other node to hand "
+                                  "its fragment to)", node)
+                    now = time.monotonic()
                     ends = [now + self._straggler_grace(start)] if handed else []
                     if waiting:
-                        assert last_call is not None
-                        ends.append(last_call)
+                        ends.append(now + STRAGGLER_RECHECK_S)
                     deadline = min(ends, default=now)
                     continue
                 for task in done:
@@ -315,6 +327,18 @@ class PutPath(ClientBase):
             raise Unavailable(f"segment {seg} of {vid}: fragment {lost[0]} could not be "
                               f"written to any node", tried=len(errors), failed=len(errors),
                               errors=errors[:4])
+
+    async def _answering(self, nodes: dict[str, Node]) -> set[str]:
+        """Ids of the nodes that answer their health check (200) within
+        STRAGGLER_PROBE_S: slow, not stalled."""
+        async def one(node: Node) -> str | None:
+            try:
+                reply = await self.t.request("GET", node.address, "/v1/health",
+                                             timeout_s=STRAGGLER_PROBE_S)
+            except EcstoreError:
+                return None
+            return node.id if reply.status == 200 else None
+        return {i for i in await asyncio.gather(*(one(n) for n in nodes.values())) if i}
 
     @staticmethod
     def _straggler_grace(start: float) -> float:
