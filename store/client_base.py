@@ -243,6 +243,14 @@ class ClientBase(LoopBound):
             raise BadRequest(f"no storage policy {name!r} (the map has "
                              f"{', '.join(p.name for p in cmap.policies)})") from None
 
+    def record_ts(self) -> int:
+        """The ts of a record this client writes now: its clock, or just after the newest
+        record it has read if that is later (a writer whose clock runs ahead wrote it).
+        Records are ordered by ts, so a put that follows a read of such a record - the
+        same key or another, this process or one it heard from through the store - is
+        ordered after it, not silently outranked (a hybrid logical clock, as CockroachDB's)."""
+        return max(time.time_ns(), self.meta.seen_ts + 1)
+
     # ---- nodes passed over, segment slots, background work ---------------------------
     def _is_suspect(self, node: Node) -> bool:
         until = self._suspect.get(node.id)

@@ -78,7 +78,7 @@ class PutPath(ClientBase):
         pol = self.policy_of(cmap, policy or brec.get("policy"))
         vid = new_version_id()
         record: dict[str, Any] = {
-            "ts": time.time_ns(), "version_id": vid, "deleted": False,
+            "ts": self.record_ts(), "version_id": vid, "deleted": False,
             "content_type": content_type, "meta": meta, "policy": pol.name, "k": pol.k,
             "m": pol.m, "ec_type": pol.ec_type, "segment_size": pol.segment_size_bytes,
             "epoch": cmap.epoch, "inline": None, "handoffs": {},
@@ -104,7 +104,7 @@ class PutPath(ClientBase):
             fields = extra()
             assert not set(fields) & {"ts", "version_id", "deleted", "size", "segments"}
             record.update(fields)
-        record["ts"] = max(record["ts"], time.time_ns())
+        record["ts"] = max(record["ts"], self.record_ts())
         await self._commit(cmap, bucket, key, record)
         return ObjectInfo.from_record(bucket, key, record)
 

@@ -24,6 +24,9 @@ FULL_BACKOFF_S = 2.0    # a control node that answered a write 507 is not sent w
 BATCH_PATHS = {"put": "/v1/objects", "get": "/v1/objects/read"}   # POST, node/control.py
 MAX_BATCH_ITEMS = 64
 MAX_BATCH_BYTES = 1024 * 1024
+# a record read dated further ahead of this client's clock is not followed (Client.record_ts):
+# the signature check refuses writers whose clock is off by more than this (store.auth)
+MAX_SEEN_AHEAD_NS = 300 * 10**9
 SLOW_GRACE_S = 0.2   # how long to wait for the rest once enough nodes have answered
 T = TypeVar("T")
 
@@ -138,6 +141,17 @@ class MetaQuorum:
         # a control node whose disk is full (507) is not sent writes for FULL_BACKOFF_S:
         # each would be refused, and fill its log (reads still go to it)
         self._full_until: dict[str, float] = {}
+        # the newest record ts this client has read (at most MAX_SEEN_AHEAD_S past its own
+        # clock): its puts are dated after it (Client.record_ts), so a put that follows a
+        # read of a record written by a host whose clock runs ahead is not outranked by it
+        self.seen_ts = 0
+
+    def saw(self, record: dict[str, Any] | None) -> None:
+        if record is None:
+            return
+        ts = record.get("ts")
+        if isinstance(ts, int) and self.seen_ts < ts <= time.time_ns() + MAX_SEEN_AHEAD_NS:
+            self.seen_ts = ts
 
     def forget(self) -> None:
         """Drop the queues of an event loop that has stopped (their callers are gone)."""
@@ -298,6 +312,7 @@ class MetaQuorum:
             # asked at the same time, so their answers are due - wait for them briefly.
             await asyncio.wait(late, timeout=MISS_WAIT_S)
             best = newest(list(answers.values()))
+        self.saw(best)
         if repair and best is not None:
             self._spawn(self._repair(nodes, tasks, answers, path))
         return best

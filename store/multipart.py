@@ -193,7 +193,7 @@ async def complete(c: Client, bucket: str, upload_id: str, requested: list[tuple
     chosen = [found[n] for n, _ in requested]
     cmap = await c.cluster_map()
     record: dict[str, Any] = {
-        **up["fields"], "ts": time.time_ns(), "version_id": new_version_id(), "deleted": False,
+        **up["fields"], "ts": c.record_ts(), "version_id": new_version_id(), "deleted": False,
         "content_type": up["content_type"], "meta": up["meta"], "policy": up["policy"],
         "k": up["k"], "m": up["m"], "ec_type": up["ec_type"], "segment_size": up["segment_size"],
         "epoch": cmap.epoch, "inline": None, "handoffs": {}, "upload_id": upload_id,

@@ -112,13 +112,22 @@ def test_a_writer_whose_clock_runs_ahead_is_named_by_status(
     with SyncClient(cluster.path) as c:
         c.create_bucket("clock")
         c.put("clock", "k", b"from a right clock, before")
-    monkeypatch.setattr("store.client_put.time", SkewedClock(60.0))
+    for module in ("store.client_base", "store.client_put"):    # where records are dated
+        monkeypatch.setattr(f"{module}.time", SkewedClock(60.0))
     with SyncClient(cluster.path) as fast:
         fast.put("clock", "k", b"from a clock a minute fast")
     monkeypatch.undo()
     with SyncClient(cluster.path) as c:
         c.put("clock", "k", b"from a right clock, after")    # acknowledged ...
         assert c.get("clock", "k") == b"from a clock a minute fast"   # ... and outranked
+        # but a put after a read of that record is dated after it (Client.record_ts): the
+        # order the writers saw is kept (it was outranked too)
+        c.put("clock", "k", b"from a right clock, having read it")
+        assert c.get("clock", "k") == b"from a right clock, having read it"
+    with SyncClient(cluster.path) as other:     # another process: it reads, then writes
+        assert other.get("clock", "k") == b"from a right clock, having read it"
+        other.put("clock", "k", b"from another right clock, having read it")
+        assert other.get("clock", "k") == b"from another right clock, having read it"
     st = subprocess.run([sys.executable, "-m", "cli.main", "--cluster", str(cluster.path),
                          "status", "--json"], cwd=ROOT, capture_output=True, timeout=60)
     assert st.returncode == 3, st.stderr.decode()
