@@ -34,6 +34,7 @@ import secrets
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -221,6 +222,10 @@ class _Loop:
         self.thread = threading.Thread(target=self.loop.run_forever, name="ecstore-dcp", daemon=True)
         self.thread.start()
         self.client = Client.connect(cluster)
+        # a writer or reader dropped without close() (`dcp.save(..., storage_writer=
+        # EcstoreWriter(...))`, the natural call) kept its loop's thread for ever, and its
+        # sockets until the nodes' idle timeout: one of each per checkpoint
+        weakref.finalize(self, _shut_down, self.loop, self.thread, self.client)
 
     def submit(self, aw: Awaitable[T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(_await(aw), self.loop)
@@ -239,6 +244,33 @@ class _Loop:
 
 async def _await(aw: Awaitable[T]) -> T:
     return await aw
+
+
+LOOP_SHUTDOWN_S = 5.0   # a dropped _Loop's client is given this long to close
+
+
+def _shut_down(loop: asyncio.AbstractEventLoop, thread: threading.Thread, client: Client) -> None:
+    """A _Loop collected (or the interpreter exiting) without close(): close its client on
+    its loop and stop it. Never blocks on the loop from its own thread (the collection may
+    run there); elsewhere it waits at most LOOP_SHUTDOWN_S."""
+    if loop.is_closed() or not loop.is_running():
+        return
+
+    async def close_then_stop() -> None:
+        try:
+            await asyncio.wait_for(client.close(), LOOP_SHUTDOWN_S)
+        except Exception:  # noqa: BLE001 - shutting down: nothing to report it to
+            pass
+        finally:
+            loop.stop()
+    try:
+        asyncio.run_coroutine_threadsafe(close_then_stop(), loop)
+    except RuntimeError:        # the loop closed meanwhile
+        return
+    if threading.current_thread() is not thread:
+        thread.join(LOOP_SHUTDOWN_S + 1)
+        if not thread.is_alive():
+            loop.close()
 
 
 class _Connected:
