@@ -361,7 +361,33 @@ class ECStoreFileSystem(AsyncFileSystem):  # type: ignore[misc]
         bucket, key = split_path(path)
         c = await self._client()
         with _mapped(path, reading=True):
-            return b"".join([bytes(p) async for p in c.get_stream(bucket, key, lo, hi - 1, record=rec)])
+            try:
+                return b"".join([bytes(p) async for p in c.get_stream(bucket, key, lo, hi - 1,
+                                                                      record=rec)])
+            except Unavailable as exc:
+                raise await self._gone(c, bucket, key, rec, exc) from exc
+
+    @staticmethod
+    async def _gone(c: Client, bucket: str, key: str, rec: dict[str, Any],
+                    exc: Unavailable) -> EcstoreError:
+        """What a read of an open file's version that failed raises: NotFound when every
+        node said its fragments are not there and the version is no longer the object's
+        (overwritten or deleted, then collected by `ecstore gc`) - it will never read
+        again, and as Unavailable (ConnectionError EAGAIN) a data loader retried it for
+        ever; else the Unavailable (nodes down: worth a retry)."""
+        listed = exc.details.get("errors")
+        errors = [str(e) for e in listed] if isinstance(listed, list) else []
+        if not errors or not all(e.endswith(": not_found") for e in errors):
+            return exc
+        try:
+            live = await c.read_record(bucket, key)
+        except EcstoreError:
+            return exc
+        if live is not None and not live["deleted"] and live["version_id"] == rec["version_id"]:
+            return exc      # still the object: lost fragments, repair's work - not "gone"
+        return NotFound(f"the version of {bucket}/{key} this file was opened on "
+                        f"({rec['version_id']}) was {'deleted' if live is None or live['deleted'] else 'replaced'} "
+                        "and its data collected (ecstore gc): open the file again")
 
     async def _get_file(self, rpath: str, lpath: str, callback: Any = DEFAULT_CALLBACK,
                         **kwargs: Any) -> None:

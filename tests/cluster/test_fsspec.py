@@ -204,6 +204,27 @@ def test_an_open_file_keeps_reading_the_version_it_opened(fs: ECStoreFileSystem,
     assert fs.cat(f"{BUCKET}/ranges/pinned") == new
 
 
+def test_an_open_file_whose_version_was_collected_says_so(fs: ECStoreFileSystem, lib: SyncClient,
+                                                          s3_cluster: LocalCluster) -> None:  # noqa: F811
+    """The version an open file reads, overwritten and collected by `ecstore gc`: it will
+    never read again. It raised ConnectionError (EAGAIN), which a data loader retries for
+    ever (an ML sweep); now FileNotFoundError saying to open the file again."""
+    old, new = blob(SEG + 10, seed=3), blob(SEG + 10, seed=4)
+    lib.put(BUCKET, "ranges/collected", old)
+    with fs.open(f"{BUCKET}/ranges/collected", "rb") as f:
+        assert f.read(10) == old[:10]          # the first segment read (and kept)
+        lib.put(BUCKET, "ranges/collected", new)
+        gc_run = subprocess.run([sys.executable, "-m", "cli.main", "--cluster",
+                                 str(s3_cluster.path), "gc", "--grace", "0", "--force"],
+                                capture_output=True, timeout=120)
+        assert gc_run.returncode == 0, gc_run.stderr.decode()
+        f.seek(SEG)
+        with pytest.raises(FileNotFoundError) as gone:
+            f.read()
+    assert gone.value.errno == errno.ENOENT and "open the file again" in str(gone.value)
+    assert fs.cat(f"{BUCKET}/ranges/collected") == new
+
+
 # ---- names: ls, info, find, glob, walk, rm -----------------------------------------------------
 TREE = {"tree/a.txt": b"a", "tree/sub/b.txt": b"bb", "tree/sub/deeper/c.txt": b"ccc",
         "tree/other/d.csv": b"dddd", "tree/sub/e.bin": b"e"}
