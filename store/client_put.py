@@ -324,9 +324,14 @@ class PutPath(ClientBase):
             for task in attempts:
                 _drop(task)
         if lost:
-            raise Unavailable(f"segment {seg} of {vid}: fragment {lost[0]} could not be "
-                              f"written to any node", tried=len(errors), failed=len(errors),
-                              errors=errors[:4])
+            spare = len(row) - pol.n
+            raise Unavailable(f"{bucket}/{key}: segment {seg} of version {vid}: fragment "
+                              f"{lost[0]} could not be written to any node ({pol.n} storage "
+                              f"nodes needed, one per fragment, {spare} to spare; "
+                              f"{len(errors)} refused or did not answer"
+                              + ("" if spare else ": with none to spare, one node down fails "
+                                 "every put") + ")",
+                              tried=len(errors), failed=len(errors), errors=errors[:4])
 
     async def _answering(self, nodes: dict[str, Node]) -> set[str]:
         """Ids of the nodes that answer their health check (200) within

@@ -141,8 +141,11 @@ def test_a_put_that_cannot_leave_the_stalled_node_fails_cleanly() -> None:
             c.create_bucket("six")
             with stalled(c6, "s4"):
                 t0 = time.monotonic()
-                with pytest.raises(Unavailable, match="could not be written"):
+                with pytest.raises(Unavailable, match="could not be written") as failed:
                     c.put("six", "stuck", os.urandom(2 * MiB))
+                # which object, and why a put needs every node here (it named neither)
+                said = failed.value.message
+                assert said.startswith("six/stuck: ") and "none to spare" in said, said
                 assert time.monotonic() - t0 < STALL_BOUND_S
             assert "stuck" not in [o.key for o in c.list("six").objects]
             c.put("six", "after", b"x" * (1 * MiB))
