@@ -201,21 +201,26 @@ async def passes_until_still(c: Client, run_pass: Callable[[int], Awaitable[Any]
     moved and failed nothing, was complete (no fragment found nowhere while a node did not
     answer its listing: it may hold them at the previous placement), nothing was still
     awaited, and the map then dropped the previous placement (settle_storage)."""
-    waiting = 0     # passes run for what puts were still to commit
     until = time.monotonic() + DRAIN_AWAIT_MAX_S
-    pending = 0
-    while len(reports) < DRAIN_PASSES + waiting:
+    pending = 0     # fragments puts may still commit, as of the last pass that moved nothing
+    while True:
         # a resumed pass saw only the objects after the killed run's checkpoint: it never
         # settles the ring by itself (one that moved nothing was taken as a whole pass)
-        if reports and not reports[-1].resumed_after and (
-                not reports[-1].failed and not reports[-1].moved
-                or reports[-1].failed and not retry_failed):
-            if reports[-1].failed or awaited is None:
+        last = reports[-1] if reports else None
+        if last is not None and not last.resumed_after:
+            if last.failed and not retry_failed:
                 break
-            pending = await awaited()
-            if not pending or time.monotonic() > until:
-                break
-            waiting += 1
+            if not last.failed and not last.moved:
+                if awaited is None:
+                    break
+                pending = await awaited()
+                if not pending or time.monotonic() > until:
+                    break
+        # DRAIN_PASSES at most, but while puts are still to commit (and no pass fails)
+        # as many as DRAIN_AWAIT_MAX_S allows: each commit costs a pass that moves it
+        waiting = bool(pending) and not (last and last.failed) and time.monotonic() <= until
+        if len(reports) >= DRAIN_PASSES and not waiting:
+            break
         await asyncio.sleep(MAP_TTL_S + 0.5)
         reports.append(await run_pass(len(reports) + 1))
     last = reports[-1]
@@ -474,6 +479,7 @@ def cmd_remove_node(a: argparse.Namespace) -> int:
                     err.print("")
                 return w.report
             reports: list[Any] = []
+            began = time.monotonic()
             leaving = next((n for n in cmap.all_storage_nodes() if n.id == a.id), None)
             awaited = None if leaving is None else lambda: awaited_on(c, leaving)
             await passes_until_still(c, drain_pass, reports, retry_failed=True,
@@ -492,8 +498,9 @@ def cmd_remove_node(a: argparse.Namespace) -> int:
             if last.incomplete:
                 return unlisted_note(last)
             if pending:
-                return (f"{pending} fragments on {a.id} belong to puts still running after "
-                        f"{DRAIN_AWAIT_MAX_S:.0f} s (their objects would be short of them)")
+                return (f"{pending} fragments on {a.id} may belong to puts not committed yet "
+                        f"(waited {time.monotonic() - began:.0f} s; their objects would be "
+                        "short of them)")
             return ""
         finally:
             await c.close()

@@ -106,6 +106,9 @@ class ClientBase(LoopBound):
         self._slots_total: int | None = DEFAULT_SEGMENT_SLOTS   # as set_segment_slots() set it
         self._fetch_times: deque[float] = deque(maxlen=200)  # recent fragment gets, seconds
         self._suspect: dict[str, float] = {}  # node id -> until when it is passed over
+        # node id -> (when asked, whether it answers): one health probe per node a second,
+        # shared by every lagging fragment put (client_put._answering)
+        self._health_probes: dict[str, tuple[float, asyncio.Future[bool]]] = {}
         # node id -> (until when it is sent no fragment, why): it refused writes
         self._refusing: dict[str, tuple[float, EcstoreError]] = {}
         cache_dir = cache_dir or os.environ.get("ECSTORE_CACHE_DIR") or None

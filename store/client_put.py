@@ -39,6 +39,7 @@ STRAGGLER_FACTOR = 3.0         # ... or this many times what the k-th took, if l
 # in STRAGGLER_PROBE_S (asked again every STRAGGLER_RECHECK_S), up to its request's timeout
 STRAGGLER_PROBE_S = 3.0
 STRAGGLER_RECHECK_S = 5.0
+PROBE_REUSE_S = 1.0            # a node's health probe answers every lagging put this long
 MAX_INFLIGHT_SEGMENTS = 4      # put pipeline depth: memory ~ this x segment x (k+m)/k
 VERIFY_AFTER_S = 30.0          # a put running longer checks its fragments before the commit
 INTENT_AFTER_S = 20.0          # a put running this long tells gc so (PUTS_BUCKET) ...
@@ -335,15 +336,28 @@ class PutPath(ClientBase):
 
     async def _answering(self, nodes: dict[str, Node]) -> set[str]:
         """Ids of the nodes that answer their health check (200) within
-        STRAGGLER_PROBE_S: slow, not stalled."""
-        async def one(node: Node) -> str | None:
+        STRAGGLER_PROBE_S: slow, not stalled. The check is not queued behind this
+        client's own requests to the node (a slow node may hold all its slots: every
+        check would time out), and one a second per node serves every lagging put."""
+        async def probe(node: Node) -> bool:
             try:
                 reply = await self.t.request("GET", node.address, "/v1/health",
-                                             timeout_s=STRAGGLER_PROBE_S)
+                                             timeout_s=STRAGGLER_PROBE_S, unqueued=True)
             except EcstoreError:
-                return None
-            return node.id if reply.status == 200 else None
-        return {i for i in await asyncio.gather(*(one(n) for n in nodes.values())) if i}
+                return False
+            return reply.status == 200
+
+        def asked(node: Node) -> asyncio.Future[bool]:
+            now = time.monotonic()
+            held = self._health_probes.get(node.id)
+            if held is not None and now - held[0] < PROBE_REUSE_S \
+                    and held[1].get_loop() is asyncio.get_running_loop():
+                return held[1]
+            fut = asyncio.ensure_future(probe(node))
+            self._health_probes[node.id] = (now, fut)
+            return fut
+        futures = {i: asked(n) for i, n in nodes.items()}
+        return {i for i, f in futures.items() if await asyncio.shield(f)}
 
     @staticmethod
     def _straggler_grace(start: float) -> float:

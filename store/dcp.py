@@ -22,8 +22,10 @@ Needs the `torch` extra; importing this module without PyTorch raises ImportErro
 from __future__ import annotations
 
 import asyncio
+import atexit
 import bisect
 import concurrent.futures
+import contextlib
 import dataclasses
 import io
 import itertools
@@ -219,13 +221,15 @@ class _Loop:
             self.loop = uvloop.new_event_loop()
         except ImportError:  # pragma: no cover
             self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="ecstore-dcp", daemon=True)
+        self.thread = threading.Thread(target=_run_loop, args=(self.loop,), name="ecstore-dcp",
+                                       daemon=True)
         self.thread.start()
+        _LOOP_THREADS.add(self.thread)
         self.client = Client.connect(cluster)
         # a writer or reader dropped without close() (`dcp.save(..., storage_writer=
         # EcstoreWriter(...))`, the natural call) kept its loop's thread for ever, and its
         # sockets until the nodes' idle timeout: one of each per checkpoint
-        weakref.finalize(self, _shut_down, self.loop, self.thread, self.client)
+        weakref.finalize(self, _shut_down, self.loop, self.client)
 
     def submit(self, aw: Awaitable[T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(_await(aw), self.loop)
@@ -249,10 +253,32 @@ async def _await(aw: Awaitable[T]) -> T:
 LOOP_SHUTDOWN_S = 5.0   # a dropped _Loop's client is given this long to close
 
 
-def _shut_down(loop: asyncio.AbstractEventLoop, thread: threading.Thread, client: Client) -> None:
+_LOOP_THREADS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+
+
+def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """A _Loop's thread: the loop until stopped, then closed (its selector's descriptors
+    with it), whoever stopped it."""
+    try:
+        loop.run_forever()
+    finally:
+        with contextlib.suppress(Exception):
+            loop.close()
+
+
+@atexit.register
+def _join_loops() -> None:
+    """At exit, after the finalizers of the _Loops still alive asked them to stop: wait
+    for their threads (daemon threads left running into the interpreter's teardown)."""
+    for thread in list(_LOOP_THREADS):
+        if thread.is_alive() and thread is not threading.current_thread():
+            thread.join(LOOP_SHUTDOWN_S + 1)
+
+
+def _shut_down(loop: asyncio.AbstractEventLoop, client: Client) -> None:
     """A _Loop collected (or the interpreter exiting) without close(): close its client on
-    its loop and stop it. Never blocks on the loop from its own thread (the collection may
-    run there); elsewhere it waits at most LOOP_SHUTDOWN_S."""
+    its loop and stop it; the thread closes the loop. It never waits: collection may run
+    on any thread, another loop's too (at exit, _join_loops waits)."""
     if loop.is_closed() or not loop.is_running():
         return
 
@@ -263,14 +289,8 @@ def _shut_down(loop: asyncio.AbstractEventLoop, thread: threading.Thread, client
             pass
         finally:
             loop.stop()
-    try:
+    with contextlib.suppress(RuntimeError):     # the loop closed meanwhile
         asyncio.run_coroutine_threadsafe(close_then_stop(), loop)
-    except RuntimeError:        # the loop closed meanwhile
-        return
-    if threading.current_thread() is not thread:
-        thread.join(LOOP_SHUTDOWN_S + 1)
-        if not thread.is_alive():
-            loop.close()
 
 
 class _Connected:

@@ -21,6 +21,7 @@ MAX_IN_FLIGHT_PER_NODE requests run per node at once (the rest wait, within thei
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -290,7 +291,7 @@ class NodeClient:
                       body: bytes | bytearray | memoryview = b"",
                       checksum: str = EMPTY_SHA256,
                       extra_headers: dict[str, str] | None = None,
-                      sink: Sink | None = None) -> Response:
+                      sink: Sink | None = None, unqueued: bool = False) -> Response:
         """One request signed with `checksum` (the body's SHA-256 hex); the response
         whatever its status, or Unreachable if none could be had in `timeout_s`.
 
@@ -306,9 +307,11 @@ class NodeClient:
         head = (f"{method} {path_qs} HTTP/1.1\r\nHost: {addr[0]}:{addr[1]}\r\n{fields}"
                 f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1")
         lane = data_lane(method, path_qs)
-        slots = self._slots.get(addr)
+        slots: asyncio.Semaphore | contextlib.nullcontext[None] | None = self._slots.get(addr)
         if slots is None:
             slots = self._slots[addr] = asyncio.Semaphore(MAX_IN_FLIGHT_PER_NODE)
+        if unqueued:   # a health probe of a node our own requests keep busy: not behind them
+            slots = contextlib.nullcontext()
         try:
             async with asyncio.timeout(timeout_s), slots:
                 for attempt in (0, 1):

@@ -365,7 +365,10 @@ class ECStoreFileSystem(AsyncFileSystem):  # type: ignore[misc]
                 return b"".join([bytes(p) async for p in c.get_stream(bucket, key, lo, hi - 1,
                                                                       record=rec)])
             except Unavailable as exc:
-                raise await self._gone(c, bucket, key, rec, exc) from exc
+                gone = await self._gone(c, bucket, key, rec, exc)
+                if gone is exc:
+                    raise
+                raise gone from exc
 
     @staticmethod
     async def _gone(c: Client, bucket: str, key: str, rec: dict[str, Any],

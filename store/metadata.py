@@ -212,6 +212,9 @@ class MetaQuorum:
                 if not q.fut.done():
                     q.fut.set_exception(Unreachable(
                         f"control node {node.id}: no answer within {META_TIMEOUT_S} s"))
+        # items whose caller is gone (cancelled: Client.close with a node not answering)
+        # are not sent: a batch of them only loaded the node, and kept close() busy
+        box.queue = [q for q in box.queue if not q.fut.done()]
         if not box.queue:
             box.busy = False
             return

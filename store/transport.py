@@ -149,12 +149,13 @@ class Transport:
                       body: bytes | bytearray | memoryview = b"", checksum: str | None = None,
                       query: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
                       timeout_s: float = 10.0, ok_404: bool = False,
-                      sink: Sink | None = None) -> Reply:
+                      sink: Sink | None = None, unqueued: bool = False) -> Reply:
         """Send one signed request; raise the server's error, or Unavailable (Unreachable)
         if no reply came within `timeout_s`.
 
         `path` must already be quoted. With ok_404, a 404 is returned, not raised. The
-        reply's header names are lower-case, its body a bytearray.
+        reply's header names are lower-case, its body a bytearray. `unqueued`: not behind
+        this client's other requests to the node (NodeClient.request's).
         """
         path_qs = path + ("?" + urlencode(query) if query else "")
         if checksum is None:
@@ -164,7 +165,7 @@ class Transport:
         if rid is not None:
             extra[REQUEST_ID_HEADER] = rid
         resp = await self.client.request(method, base_url, path_qs, timeout_s, body, checksum,
-                                         extra, sink)
+                                         extra, sink, unqueued)
         if resp.status >= 400 and not (ok_404 and resp.status == 404):
             raise error_from_body(resp.status, resp.body)
         return Reply(resp.status, resp.headers, resp.body, resp.scattered)

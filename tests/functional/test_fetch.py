@@ -350,6 +350,36 @@ def test_requests_in_flight_per_node_are_bounded() -> None:
     run(handler, fn)
 
 
+def test_an_unqueued_request_is_not_behind_the_nodes_busy_slots() -> None:
+    """A node that holds every slot this client has for it (slow fragment puts): a health
+    probe queued behind them timed out, and the put judged the node stalled (a review
+    found it); `unqueued` sends it at once, while a queued request still waits."""
+    release = asyncio.Event()
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            head = await read_request(r)
+            if b"/v1/health" not in head:
+                await release.wait()       # a slow fragment write
+            w.write(reply(200, b"ok"))
+            await w.drain()
+
+    async def fn(url: str, connections: list[int]) -> None:
+        t = Transport("secret")
+        busy = [asyncio.ensure_future(t.request("GET", url, "/v1/fragments/x", timeout_s=30.0))
+                for _ in range(MAX_IN_FLIGHT_PER_NODE)]
+        await asyncio.sleep(0.2)
+        with pytest.raises(Unreachable):        # queued: behind the busy ones
+            await t.request("GET", url, "/v1/health", timeout_s=0.5)
+        t0 = time.monotonic()
+        got = await t.request("GET", url, "/v1/health", timeout_s=2.0, unqueued=True)
+        assert bytes(got.body) == b"ok" and time.monotonic() - t0 < 1.5
+        release.set()
+        assert [bytes(x.body) for x in await asyncio.gather(*busy)] == [b"ok"] * len(busy)
+        await t.close()
+    run(handler, fn)
+
+
 def test_transport_against_a_real_storage_node(tmp_path: Path) -> None:
     """Every route shape a component uses, through Transport, against a storage node:
     PUT (201 then 200), GET with the body and lower-case headers, HEAD, 404 raised or
