@@ -3,6 +3,7 @@ segment slots and the nodes found slow (store.client puts the paths together as 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import time
@@ -163,6 +164,17 @@ class ClientBase(LoopBound):
             if self._map is not None and not refresh:
                 return self._map  # keep working on the last map while control nodes are away
             raise
+
+    async def current_map(self) -> ClusterMap:
+        """The map as cluster_map() gives it, but one older than MAP_TTL_S is fetched
+        again and waited for (not served stale while it is): a put's last look before its
+        commit (client_put._follow_leavers). A fetch at most every MAP_TTL_S per client."""
+        cmap = await self.cluster_map()
+        if time.monotonic() - self._map_at < MAP_TTL_S or self._map_fetch is None:
+            return cmap
+        with contextlib.suppress(Unavailable):   # control nodes away: the last map
+            cmap = await asyncio.shield(self._map_fetch)
+        return cmap
 
     async def _fetch_newest_map(self) -> ClusterMap:
         urls = {*self.info.control}

@@ -16,6 +16,7 @@ from placement.cluster_map import ClusterMap
 from placement.nodes import Node
 from placement.policy import Policy
 from store import codec
+from store.auth import CHECKSUM_HEADER
 from store.client_base import (
     FRAGMENT_TIMEOUT_S,
     ClientBase,
@@ -26,12 +27,13 @@ from store.client_base import (
 )
 from store.crc import crc32
 from store.digest import digest
+from store.digest import matches as digest_matches
 from store.errors import BadRequest, EcstoreError, Unavailable
 from store.metadata import effective_quorums
 from store.names import PUTS_BUCKET, check_new_key
-from store.striping import fragment_id
+from store.striping import fragment_id, parse_fragment_id
 from store.transport import operation, retrieved
-from store.wire import FRAGMENT_META_HEADER, UNCACHED, UNCACHED_HEADER, pack_header
+from store.wire import FRAGMENT_META_HEADER, UNCACHED, UNCACHED_HEADER, pack_header, unpack_header
 
 STRAGGLER_MIN_S = 2.0          # a fragment put this far behind its segment's k-th goes to a handoff
 STRAGGLER_FACTOR = 3.0         # ... or this many times what the k-th took, if longer
@@ -179,6 +181,7 @@ class PutPath(ClientBase):
                 del seg  # the task holds it until placed: waiting here must not
             for task in asyncio.as_completed(inflight):
                 await task
+            await self._follow_leavers(cmap, pol, vid, written, record["handoffs"], cache)
             if time.monotonic() - started > VERIFY_AFTER_S:
                 await self._check_written(vid, written)
         except BaseException:
@@ -191,6 +194,50 @@ class PutPath(ClientBase):
             for task in announcer:
                 task.cancel()
         return size, count
+
+    async def _follow_leavers(self, cmap: ClusterMap, pol: Policy, vid: str,
+                              written: list[tuple[str, Node]], handoffs: dict[str, str],
+                              cache: bool) -> None:
+        """Before the commit: a fragment this put wrote on a node the map has taken out
+        since the put took its map (`cluster remove-node` draining it) is copied to where
+        the current map places it - else the drain, whose passes see only committed
+        objects, could stop that node with it and the object was one fragment short. The
+        copy is read back verified from the leaving node (still up while it drains); if it
+        cannot be, the put fails (503), nothing committed."""
+        fresh = await self.current_map()
+        if fresh.epoch == cmap.epoch:
+            return
+        ring = fresh.storage_ring(pol.tier)
+        current = {n.id for n in ring.nodes}
+        for at, (fid, node) in enumerate(list(written)):
+            if node.id in current:
+                continue
+            _, seg, i = parse_fragment_id(fid)
+            # where the current map places it, unless that node holds another fragment of
+            # the segment (the change moved positions): then a spare of the row, recorded
+            # as a handoff (readers follow a handoff to a node that is not a primary)
+            holding = {n.id for f, n in written if parse_fragment_id(f)[1] == seg}
+            row = ring.locate(f"{vid}/{seg}", len(ring.nodes))
+            target = row[i]
+            if target.id in holding:
+                spare = next((n for n in row[pol.n:] if n.id not in holding), None)
+                if spare is None:
+                    raise Unavailable(f"version {vid}: storage node {node.id} left the map "
+                                      f"during the put and no node is free for fragment "
+                                      f"{fid}: nothing committed; put it again")
+                target = spare
+                handoffs[f"{seg}.{i}"] = target.id
+            else:
+                handoffs.pop(f"{seg}.{i}", None)
+            reply = await self.t.request("GET", node.address, f"/v1/fragments/{fid}",
+                                         timeout_s=FRAGMENT_TIMEOUT_S)
+            if not digest_matches(reply.body, reply.headers.get(CHECKSUM_HEADER)):
+                raise Unavailable(f"fragment {fid} read back from {node.id}, which left the map "
+                                  "during the put, failed its checksum: nothing committed")
+            meta = unpack_header(reply.headers.get(FRAGMENT_META_HEADER))
+            await self.put_fragment(target, fid, reply.body, meta, cache)
+            written[at] = (fid, target)
+            self._spawn(self._delete_fragments([(fid, node)]))
 
     async def _announce(self, bucket: str, key: str, vid: str) -> None:
         """Tell gc that this put runs (started once it has run INTENT_AFTER_S), and again

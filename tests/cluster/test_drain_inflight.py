@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from cli.localcluster import LocalCluster
-from store.client import Client, SyncClient
+from store.client import Client, SyncClient, expected_fragment_nodes
+from store.striping import fragment_id
 from tests.functional.harness import fragments_on_disk
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +34,7 @@ LATE_COMMIT_S = 12.0    # after the drain began: past the passes of a drain that
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
     tmp = Path(tempfile.mkdtemp(prefix="ecstore-drain-inflight-"))
-    c = LocalCluster.create(tmp, storage=7, control=3, gateway=False)
+    c = LocalCluster.create(tmp, storage=8, control=3, gateway=False)
     c.start()
     yield c
     LocalCluster.load(tmp).stop()
@@ -45,6 +46,68 @@ def cli_json(cluster: LocalCluster, *args: str) -> dict[str, Any]:
                            *args, "--json"], cwd=ROOT, capture_output=True, timeout=300)
     assert proc.returncode == 0, proc.stderr.decode()
     return json.loads(proc.stdout)  # type: ignore[no-any-return]
+
+
+def test_a_put_running_while_a_node_leaves_the_map_moves_its_fragments_off_it(
+        cluster: LocalCluster) -> None:
+    """A put takes its map once: a node taken out of the map meanwhile (a drain begins)
+    kept getting its fragments, and those it had were left there - a drain that had
+    already passed (its passes see committed objects only) stopped the node with them.
+    Before its commit the put now copies them to where the current map places them."""
+    s5 = cluster.dir / "s5"
+    before = set(fragments_on_disk(s5))
+    seg_bytes = 4 * MIB
+    go_on = asyncio.Event()
+    sent: list[bytes] = []
+
+    async def source() -> Any:
+        for i in range(9):
+            if i == 8:
+                await go_on.wait()          # the rest once the map has changed
+            piece = os.urandom(seg_bytes)
+            sent.append(piece)
+            yield piece
+
+    async def go() -> tuple[str, list[str]]:
+        async with Client.connect(cluster.path) as c:
+            await c.create_bucket("leaving")
+            put = asyncio.ensure_future(c.put("leaving", "big", source()))
+            deadline = time.monotonic() + 30
+            while not set(fragments_on_disk(s5)) - before:    # 8 segments: s5 in most rows
+                assert time.monotonic() < deadline, "no fragment reached s5"
+                await asyncio.sleep(0.2)
+            removed = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: subprocess.run(
+                    [sys.executable, "-m", "cli.main", "--cluster", str(cluster.path), "ring",
+                     "remove", "s5"], cwd=ROOT, capture_output=True, timeout=120))
+            assert removed.returncode == 0, removed.stderr.decode()
+            await asyncio.sleep(3.0)        # past the client's map cache (MAP_TTL_S)
+            go_on.set()
+            info = await put
+            for _ in range(50):     # the copies' originals are deleted in the background
+                on_s5 = [f for f in fragments_on_disk(s5) if f.startswith(info.version_id)]
+                if not on_s5:
+                    break
+                await asyncio.sleep(0.2)
+            assert await c.get("leaving", "big") == b"".join(sent)
+            return info.version_id, on_s5
+    vid, on_s5 = asyncio.run(go())
+    assert on_s5 == []      # copied off before the commit (left there before)
+    # the ring change's rebalance (before the drain below: a change waits for the last),
+    # then every fragment of the put is where readers look
+    assert cli_json(cluster, "rebalance")["failed"] == 0
+
+    async def placed() -> list[str]:
+        async with Client.connect(cluster.path) as c:
+            rec = await c.live_record("leaving", "big")
+            cmap = await c.cluster_map(refresh=True)
+            nodes = []
+            for seg in range(rec["segments"]):
+                for i, node in enumerate(expected_fragment_nodes(cmap, rec, seg)):
+                    await c.get_fragment(node, fragment_id(vid, seg, i))
+                    nodes.append(node.id)
+            return nodes
+    assert "s5" not in asyncio.run(placed())
 
 
 def test_a_put_committed_after_the_drains_passes_is_not_left_on_the_drained_node(
