@@ -241,25 +241,17 @@ async def awaited_on(c: Client, node: Node) -> int:
     would have moved them: the drain stopped the node and those objects were short of a
     fragment (a fresh-clone CI run of test_rebalance found one so). The rest are a dead
     put's, gc's."""
-    from store.gc import running_puts
+    from store.gc import cutoff, fragment_version, running_puts, version_time_ns
     from store.workers import all_listings
 
     listings, _ = await all_listings(c, [node])
-    names = listings.get(node.id, set())
     now = time.time_ns()
-
-    def born(vid: str) -> int:
-        try:
-            return int(vid[:16], 16)
-        except ValueError:
-            return 0
-    of = {f: f.split(".", 1)[0] for f in names}
-    vids = set(of.values())
-    young = {v for v in vids if now - born(v) < DRAIN_SETTLE_S * 1e9}
-    if vids - young:
+    of = [v for v in map(fragment_version, listings.get(node.id, ())) if v is not None]
+    young = {v for v in of if version_time_ns(v) >= cutoff(now, DRAIN_SETTLE_S)}
+    if set(of) - young:
         running, _ = await running_puts(c, now)
-        young |= (vids - young) & running
-    return sum(1 for v in of.values() if v in young)
+        young |= (set(of) - young) & running
+    return sum(1 for v in of if v in young)
 
 
 def _asks_nothing(ring: Any, op: str, a: argparse.Namespace) -> bool:

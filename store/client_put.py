@@ -28,7 +28,7 @@ from store.client_base import (
 from store.crc import crc32
 from store.digest import digest
 from store.digest import matches as digest_matches
-from store.errors import BadRequest, EcstoreError, Unavailable
+from store.errors import BadRequest, Corrupt, EcstoreError, Unavailable
 from store.metadata import effective_quorums
 from store.names import PUTS_BUCKET, check_new_key
 from store.striping import fragment_id, parse_fragment_id
@@ -209,6 +209,9 @@ class PutPath(ClientBase):
             return
         ring = fresh.storage_ring(pol.tier)
         current = {n.id for n in ring.nodes}
+        holding: dict[int, set[str]] = {}     # segment -> the nodes holding its fragments
+        for fid, node in written:
+            holding.setdefault(parse_fragment_id(fid)[1], set()).add(node.id)
         for at, (fid, node) in enumerate(list(written)):
             if node.id in current:
                 continue
@@ -216,11 +219,10 @@ class PutPath(ClientBase):
             # where the current map places it, unless that node holds another fragment of
             # the segment (the change moved positions): then a spare of the row, recorded
             # as a handoff (readers follow a handoff to a node that is not a primary)
-            holding = {n.id for f, n in written if parse_fragment_id(f)[1] == seg}
             row = ring.locate(f"{vid}/{seg}", len(ring.nodes))
             target = row[i]
-            if target.id in holding:
-                spare = next((n for n in row[pol.n:] if n.id not in holding), None)
+            if target.id in holding[seg]:
+                spare = next((n for n in row[pol.n:] if n.id not in holding[seg]), None)
                 if spare is None:
                     raise Unavailable(f"version {vid}: storage node {node.id} left the map "
                                       f"during the put and no node is free for fragment "
@@ -229,15 +231,31 @@ class PutPath(ClientBase):
                 handoffs[f"{seg}.{i}"] = target.id
             else:
                 handoffs.pop(f"{seg}.{i}", None)
-            reply = await self.t.request("GET", node.address, f"/v1/fragments/{fid}",
-                                         timeout_s=FRAGMENT_TIMEOUT_S)
-            if not digest_matches(reply.body, reply.headers.get(CHECKSUM_HEADER)):
-                raise Unavailable(f"fragment {fid} read back from {node.id}, which left the map "
-                                  "during the put, failed its checksum: nothing committed")
-            meta = unpack_header(reply.headers.get(FRAGMENT_META_HEADER))
-            await self.put_fragment(target, fid, reply.body, meta, cache)
+            try:
+                await self.copy_fragment(fid, node, target, cache)
+            except Corrupt:
+                raise Unavailable(f"fragment {fid} read back from {node.id}, which left the "
+                                  "map during the put, failed its checksum: nothing "
+                                  "committed") from None
             written[at] = (fid, target)
+            holding[seg].add(target.id)
             self._spawn(self._delete_fragments([(fid, node)]))
+
+    async def copy_fragment(self, fid: str, source: Node, target: Node, cache: bool = True,
+                            read_timeout_s: float = FRAGMENT_TIMEOUT_S) -> int:
+        """Copy one fragment from `source` to `target` (read back verified, written as a
+        put writes it); its size. Corrupt when the copy read fails its checksum. `cache`:
+        as put's, for both the read and the write (rebalance moves uncached)."""
+        path = f"/v1/fragments/{fid}"
+        reply = await self.t.request("GET", source.address, path, timeout_s=read_timeout_s,
+                                     headers=None if cache else {UNCACHED_HEADER: UNCACHED})
+        if not digest_matches(reply.body, reply.headers.get(CHECKSUM_HEADER)):
+            raise Corrupt(f"{fid} from {source.id} failed its checksum (damaged on that node, "
+                          "or in transit): not moved; the node quarantines it when it reads "
+                          "it, and repair rebuilds it")
+        meta = unpack_header(reply.headers.get(FRAGMENT_META_HEADER))
+        await self.put_fragment(target, fid, reply.body, meta, cache)
+        return len(reply.body)
 
     async def _announce(self, bucket: str, key: str, vid: str) -> None:
         """Tell gc that this put runs (started once it has run INTENT_AFTER_S), and again
@@ -320,7 +338,6 @@ class PutPath(ClientBase):
                 done, _ = await asyncio.wait(attempts, timeout=timeout,
                                              return_when=asyncio.FIRST_COMPLETED)
                 if not done:  # stragglers: give their fragments to handoff nodes
-                    now = time.monotonic()
                     handed = False
                     kept: list[tuple[asyncio.Future[None], int, Node]] = []
                     for task, (i, node) in list(attempts.items()):

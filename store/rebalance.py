@@ -16,13 +16,10 @@ from typing import Any
 
 from placement.cluster_map import ClusterMap
 from placement.nodes import Node
-from store.auth import CHECKSUM_HEADER
 from store.client import Client, expected_fragment_nodes
-from store.digest import matches as digest_matches
-from store.errors import Corrupt, EcstoreError
+from store.errors import EcstoreError
 from store.multipart import part_extent_records
 from store.striping import fragment_id, record_extents
-from store.wire import FRAGMENT_META_HEADER, UNCACHED, UNCACHED_HEADER, unpack_header
 from store.workers import Checkpoint, RateLimiter, WorkReport, all_listings, live_records
 
 
@@ -127,17 +124,11 @@ class RebalanceWorker:
         return True
 
     async def _move(self, mv: Move) -> int:
-        path = f"/v1/fragments/{mv.fid}"
-        reply = await self.c.t.request("GET", mv.source.address, path, timeout_s=60,
-                                       headers={UNCACHED_HEADER: UNCACHED})
-        if not digest_matches(reply.body, reply.headers.get(CHECKSUM_HEADER)):
-            raise Corrupt(f"{mv.fid} from {mv.source.id} failed its checksum (damaged on that node, or in transit): "
-                          "not moved; the node quarantines it when it reads it, and repair "
-                          "rebuilds it")
-        meta = unpack_header(reply.headers.get(FRAGMENT_META_HEADER))
-        await self.c.put_fragment(mv.target, mv.fid, reply.body, meta, cache=False)
-        await self.c.t.request("DELETE", mv.source.address, path, timeout_s=30)
-        return len(reply.body)
+        size = await self.c.copy_fragment(mv.fid, mv.source, mv.target, cache=False,
+                                          read_timeout_s=60)
+        await self.c.t.request("DELETE", mv.source.address, f"/v1/fragments/{mv.fid}",
+                               timeout_s=30)
+        return size
 
 
 async def prepare_rebalance(c: Client, dry_run: bool = False, rate_mb_s: float = 0.0,
