@@ -16,19 +16,16 @@ import pytest
 from cli.localcluster import LocalCluster
 from store.client import Client, SyncClient
 from store.transport import quote_key
-from tests.cluster.conftest import fill_bucket
+from tests.cluster.conftest import fill_bucket, running_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    tmp = Path(tempfile.mkdtemp(prefix="ecstore-control-"))
-    c = LocalCluster.create(tmp, storage=6, control=3, gateway=False)
-    c.start()
-    yield c
-    LocalCluster.load(tmp).stop()
-    shutil.rmtree(tmp, ignore_errors=True)
+    # stopped as cluster.json lists its nodes: the CLI adds and removes some
+    with running_cluster("ecstore-control-", storage=6, control=3, gateway=False) as c:
+        yield c
 
 
 def cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[bytes]:

@@ -10,10 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +22,7 @@ import pytest
 from cli.localcluster import LocalCluster
 from store.client import Client, SyncClient, expected_fragment_nodes
 from store.striping import fragment_id
+from tests.cluster.conftest import running_cluster
 from tests.functional.harness import fragments_on_disk
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,12 +32,9 @@ LATE_COMMIT_S = 12.0    # after the drain began: past the passes of a drain that
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    tmp = Path(tempfile.mkdtemp(prefix="ecstore-drain-inflight-"))
-    c = LocalCluster.create(tmp, storage=8, control=3, gateway=False)
-    c.start()
-    yield c
-    LocalCluster.load(tmp).stop()
-    shutil.rmtree(tmp, ignore_errors=True)
+    # stopped as cluster.json lists its nodes: the CLI adds and removes some
+    with running_cluster("ecstore-drain-inflight-", storage=8, control=3, gateway=False) as c:
+        yield c
 
 
 def cli_json(cluster: LocalCluster, *args: str) -> dict[str, Any]:

@@ -5,10 +5,8 @@ import asyncio
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +16,7 @@ import pytest
 
 from cli.localcluster import LocalCluster
 from store.client import Client, SyncClient
-from tests.cluster.conftest import wait_for
+from tests.cluster.conftest import running_cluster, wait_for
 from tests.cluster.uncached import node_counters
 from tests.functional.harness import fragments_on_disk
 
@@ -28,12 +26,9 @@ MIB = 1024 * 1024
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    tmp = Path(tempfile.mkdtemp(prefix="ecstore-rebalance-"))
-    c = LocalCluster.create(tmp, storage=6, control=3, gateway=False)
-    c.start()
-    yield c
-    LocalCluster.load(tmp).stop()  # the CLI added nodes this object does not know
-    shutil.rmtree(tmp, ignore_errors=True)
+    # stopped as cluster.json lists its nodes: the CLI adds and removes some
+    with running_cluster("ecstore-rebalance-", storage=6, control=3, gateway=False) as c:
+        yield c
 
 
 def cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[bytes]:

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,18 +14,16 @@ import pytest
 
 from cli.localcluster import LocalCluster
 from store.client import SyncClient
+from tests.cluster.conftest import running_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    tmp = Path(tempfile.mkdtemp(prefix="ecstore-rebalance-down-"))
-    c = LocalCluster.create(tmp, storage=6, control=3, gateway=False)
-    c.start()
-    yield c
-    LocalCluster.load(tmp).stop()
-    shutil.rmtree(tmp, ignore_errors=True)
+    # stopped as cluster.json lists its nodes: the CLI adds and removes some
+    with running_cluster("ecstore-rebalance-down-", storage=6, control=3, gateway=False) as c:
+        yield c
 
 
 def run(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[bytes]:
