@@ -686,8 +686,10 @@ async def fill_summaries(db: MetaDB, commit: GroupCommit, batch: int = SUMMARY_F
     them wrote - a batch at a time through the group commit, in the background after the
     node starts (listings are right meanwhile: a record without a matching summary is
     read whole), then mark the database as summarized (SUMMARIES_KEY): later starts skip
-    the pass (~2.3 us a record). Returns how many it wrote; logs a step line if any."""
-    if db.get_raw(SUMMARIES_KEY) is not None:
+    the pass (~2.3 us a record). Returns how many it wrote; logs a step line if any.
+    Not while the database refuses writes (opened read-only: a full disk, a read-only
+    filesystem): the next start fills them."""
+    if db.failed is not None or db.get_raw(SUMMARIES_KEY) is not None:
         return 0
     started, after, filled = time.monotonic(), b"", 0
     while True:

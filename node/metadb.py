@@ -31,6 +31,8 @@ import contextlib
 import errno
 import logging
 import os
+import shutil
+import tempfile
 import time
 import zlib
 from collections.abc import Callable
@@ -138,6 +140,7 @@ class MetaDB:
         self.reserve_bytes = default_reserve_bytes(path) if reserve_bytes is None else reserve_bytes
         self.failed: str | None = None
         self.failed_at = 0.0          # when (unix s)
+        self._shadow: Path | None = None   # see _open_shadowed
         # reads RocksDB failed (an I/O error: a bad sector under an SST file), and writes
         # it failed for another reason than a full disk (once reopened, such a database
         # took writes until the next one failed, and status said up in between)
@@ -149,15 +152,20 @@ class MetaDB:
         try:
             self._rdict: Rdict | None = self._open()
         except Exception as exc:  # rocksdict raises Exception with RocksDB's status text
-            if not _no_space(str(exc)):
+            if not (_no_space(str(exc)) or _read_only_fs(str(exc))):
                 raise
-            # A full disk: RocksDB cannot open for writing (it appends to its MANIFEST),
-            # so the node would not start and its replicas' reads were lost with it.
-            # Read-only, it serves reads; writes get 507 until recover() reopens it.
+            # A full disk, or a filesystem mounted read-only (ext4 remounts itself so after
+            # an error, errors=remount-ro; an operator mounts it so to save what is on
+            # it): RocksDB cannot open for writing (it appends to its MANIFEST), so the
+            # node would not start and its replicas' reads were lost with it - until the
+            # twenty-seventh session for a read-only filesystem. Read-only, it serves
+            # reads; writes get 507 (full) or 503 until recover() reopens it.
             self._rdict = self._open_read_only()
             self.failed, self.failed_at = str(exc), time.time()
-            log.error("metadata database opened read-only, its disk is full (writes refused "
-                      "with 507 until space is freed): %s", exc)
+            log.error("metadata database opened read-only, %s: %s",
+                      "its disk is full (writes refused with 507 until space is freed)"
+                      if _no_space(str(exc)) else "its filesystem is read-only (writes "
+                      "refused with 503 until it is mounted read-write again)", exc)
         self.reopens = 0              # times reopen() brought writes back
         self.write_opts = WriteOptions()
         self.write_opts.sync = sync
@@ -169,7 +177,46 @@ class MetaDB:
         return Rdict(str(self.path), Options(raw_mode=True))
 
     def _open_read_only(self) -> Rdict:
-        return Rdict(str(self.path), Options(raw_mode=True), access_type=AccessType.read_only())
+        try:
+            return Rdict(str(self.path), Options(raw_mode=True),
+                         access_type=AccessType.read_only())
+        except Exception as exc:  # rocksdict raises Exception with RocksDB's status text
+            if not _read_only_fs(str(exc)):
+                raise
+            return self._open_shadowed()
+
+    def _open_shadowed(self) -> Rdict:
+        """The database opened read-only through a shadow directory on a writable disk
+        (the system's temporary directory): rocksdict writes its rocksdict-config.json
+        beside the database at every open, read-only ones included, so on a read-only
+        filesystem no open succeeds. The shadow holds a symlink to each of the
+        database's files (nothing writes them: RocksDB opened read-only, the filesystem
+        read-only) and its own copy of that config file; RocksDB's info LOG is written
+        there too. Removed when the database closes or reopens for writing."""
+        self._drop_shadow()
+        shadow = Path(tempfile.mkdtemp(prefix="ecstore-metadb-ro-"))
+        try:
+            for f in self.path.iterdir():
+                if f.name.startswith("LOG"):
+                    continue              # RocksDB's info log: a new one in the shadow
+                if f.name == "rocksdict-config.json":
+                    shutil.copyfile(f, shadow / f.name)
+                else:
+                    (shadow / f.name).symlink_to(f)
+            rdict = Rdict(str(shadow), Options(raw_mode=True),
+                          access_type=AccessType.read_only())
+        except BaseException:
+            shutil.rmtree(shadow, ignore_errors=True)
+            raise
+        self._shadow = shadow
+        log.warning("metadata database %s opened read-only through %s (its filesystem is "
+                    "read-only)", self.path, shadow)
+        return rdict
+
+    def _drop_shadow(self) -> None:
+        shadow, self._shadow = self._shadow, None
+        if shadow is not None:
+            shutil.rmtree(shadow, ignore_errors=True)
 
     @property
     def db(self) -> Rdict:
@@ -189,6 +236,7 @@ class MetaDB:
         rdict, self._rdict = self._rdict, None
         if rdict is not None:
             _close_quietly(rdict)
+        self._drop_shadow()
 
     def disk(self) -> dict[str, int]:
         """{"disk_total_bytes", "disk_free_bytes", "reserve_bytes"} of the database's disk."""
@@ -289,7 +337,14 @@ class MetaDB:
         """Why this database refuses writes now (empty while it takes them): the words of
         the node's status."""
         out = []
-        if self.failed is not None:
+        if self.failed is not None and _read_only_fs(self.failed):
+            out.append(f"metadata database on a read-only filesystem since "
+                       f"{iso_utc(self.failed_at)}: it serves the records it holds and "
+                       "refuses writes (the other replicas take them); check the disk "
+                       "(dmesg: ext4 remounts read-only after an error), then mount it "
+                       "read-write - the node takes writes again within seconds - and run "
+                       f"`ecstore repair` for the records it missed ({self.failed})")
+        elif self.failed is not None:
             out.append(f"metadata database refuses writes since {iso_utc(self.failed_at)}: "
                        f"{self.failed} (it reopens once the disk takes writes again)")
         full = disk_full_problem(disk_space(self.path)["disk_free_bytes"], self.reserve_bytes)
@@ -304,6 +359,10 @@ class MetaDB:
             return InsufficientStorage(f"disk full: the metadata database stopped taking "
                                        f"writes ({self.failed}); it takes them again once "
                                        "space is freed")
+        if _read_only_fs(self.failed):
+            return Unavailable(f"the metadata database's filesystem is read-only "
+                               f"({self.failed}): this node serves reads only; another "
+                               "replica takes the write")
         return Unavailable(f"the metadata database stopped taking writes ({self.failed})")
 
     def reopen(self, rdict: Rdict | None) -> None:
@@ -321,6 +380,7 @@ class MetaDB:
             with contextlib.suppress(Exception):   # else closed: reads 503 until it opens
                 self._rdict = self._open_read_only()
             raise
+        self._drop_shadow()
         log.warning("metadata database reopened: it takes writes again (it had refused "
                     "them since %s: %s)", iso_utc(self.failed_at), self.failed)
         self.failed = None
@@ -484,6 +544,11 @@ REOPEN_PROBE_BYTES = 1024 * 1024   # written and synced before a reopen: the dis
 def _no_space(message: str) -> bool:
     """Whether RocksDB's error text says the disk is full (its Status::NoSpace, ENOSPC)."""
     return "No space left on device" in message or os.strerror(errno.ENOSPC) in message
+
+
+def _read_only_fs(message: str) -> bool:
+    """Whether RocksDB's error text says the filesystem is read-only (EROFS)."""
+    return "Read-only file system" in message or os.strerror(errno.EROFS) in message
 
 
 def _close_quietly(rdict: Rdict) -> None:
