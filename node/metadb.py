@@ -194,7 +194,8 @@ class MetaDB:
         read-only) and its own copy of that config file; RocksDB's info LOG is written
         there too. Removed when the database closes or reopens for writing."""
         self._drop_shadow()
-        shadow = Path(tempfile.mkdtemp(prefix="ecstore-metadb-ro-"))
+        _drop_dead_shadows()
+        shadow = Path(tempfile.mkdtemp(prefix=f"{SHADOW_PREFIX}{os.getpid()}-"))
         try:
             for f in self.path.iterdir():
                 if f.name.startswith("LOG"):
@@ -549,6 +550,24 @@ def _no_space(message: str) -> bool:
 def _read_only_fs(message: str) -> bool:
     """Whether RocksDB's error text says the filesystem is read-only (EROFS)."""
     return "Read-only file system" in message or os.strerror(errno.EROFS) in message
+
+
+SHADOW_PREFIX = "ecstore-metadb-ro-"   # + the node's pid + "-": MetaDB._open_shadowed
+
+
+def _drop_dead_shadows() -> None:
+    """Remove the read-only shadow directories of control nodes that died without
+    removing theirs (killed): those whose pid no longer runs."""
+    for d in Path(tempfile.gettempdir()).glob(f"{SHADOW_PREFIX}*-*"):
+        pid = d.name[len(SHADOW_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except OSError:   # another user's process: alive
+            pass
 
 
 def _close_quietly(rdict: Rdict) -> None:

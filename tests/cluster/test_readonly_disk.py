@@ -152,8 +152,11 @@ def test_a_control_node_on_a_read_only_filesystem_serves_its_records() -> None:
             cluster.stop_node("c1")
             remount(disk, "ro")
             files = {p: p.stat().st_size for p in disk.rglob("*") if p.is_file()}
+            # a shadow left by a control node killed while read-only (no such pid runs)
+            dead = Path(tempfile.mkdtemp(prefix="ecstore-metadb-ro-4194305-"))
             cluster.start_node("c1")
             cluster.wait_healthy(["c1"])
+            assert not dead.exists(), "a dead node's shadow directory was left"
 
             st = _c1_status(cluster)
             said = [p for p in st["problems"] if "read-only filesystem" in p]
