@@ -22,10 +22,11 @@ async def cmd_gc(c: Client, a: argparse.Namespace) -> int:
                          "--force if no put runs now (an empty cluster, a test)")
     if a.grace < SHORT_GRACE_S and not a.dry_run:
         err.print(f"[yellow]warning:[/] a grace of {a.grace:g} s deletes the fragments of any "
-                  f"put still in progress that started more than {a.grace:g} s ago (its "
-                  "record is not written yet) unless the put has told gc it runs (after "
-                  f"{INTENT_AFTER_S:g} s): that put then fails. Use it only when no put "
-                  "runs", highlight=False)
+                  f"put or tiering move still in progress that started more than "
+                  f"{a.grace:g} s ago (its record is not written yet) unless it has told gc "
+                  f"it runs (after {INTENT_AFTER_S:g} s): it may then be acknowledged "
+                  "without them, and the object is lost. Use it only when none runs",
+                  highlight=False)
     err.print("reading fragment listings, then metadata ...")
     worker = await prepare_gc(c, a.grace, a.dry_run)
     r = worker.report

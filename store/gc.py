@@ -4,6 +4,8 @@ A fragment is garbage iff its version is not the version of any live record AND 
 version is older than the grace period (its creation time is in the version id). That
 one rule covers the fragments of puts that never committed, of overwritten versions
 and of deleted objects; a put still in flight is younger than the grace, so it is kept.
+The versions a tiering move replaced count as live while the move is younger than the
+grace (`replaced_by_move`): a reader that started on them reads on.
 
 Ordering matters (see `prepare_gc`): the fragment listings are gathered FIRST, then the
 clock is read, then the records of running puts, then the live records. Any version
@@ -102,6 +104,18 @@ def classify_fragment(fid: str, live_version_ids: set[str] | frozenset[str], cut
     if version_time_ns(vid) >= cutoff_ns:
         return "young"
     return "garbage"
+
+
+def replaced_by_move(record: Mapping[str, Any], cutoff_ns: int) -> list[str]:
+    """The versions a tiering move replaced with this live record (`tiered_from_versions`,
+    else `tiered_from`) while the move is younger than the grace: kept as if live, so a
+    reader that started on them reads to its end. A version's age is its creation time
+    (its id), and a demoted version is as old as the object's last write - a week by
+    default: the next gc after a pass collected it at once, and every read in flight on
+    the old version failed (until the twenty-seventh session)."""
+    if not record.get("tiered_from") or version_time_ns(record["version_id"]) < cutoff_ns:
+        return []
+    return list(record.get("tiered_from_versions") or [record["tiered_from"]])
 
 
 def cutoff(now_ns: int, grace_s: float) -> int:
@@ -473,10 +487,12 @@ async def prepare_gc(c: Client, grace_s: float = DEFAULT_GRACE_S,
     live.update(p.version_id for p in parts if (p.key, p.version_id) not in forgotten)
     live.update(running)
     homes: dict[str, frozenset[str]] = {}
+    limit = cutoff(now_ns, grace_s)
     async for _, _, rec in live_records(c):
         live.add(rec["version_id"])
         live.update(e.version_id for e in record_extents(rec))
         homes.update(record_homes(cmap, rec))
+        live.update(replaced_by_move(rec, limit))
     garbage = plan_fragment_gc(live, listings, now_ns, grace_s)
     strays = plan_stray_gc(homes, listings, now_ns, grace_s)
     tombstones = sorted({bk for rows in scan.values() for bk, r in rows.items() if r.get("deleted")})
@@ -489,7 +505,6 @@ async def prepare_gc(c: Client, grace_s: float = DEFAULT_GRACE_S,
     if strays and not await worker.map_unchanged():   # changed while the listings were read
         worker.keep_strays()
     rep = worker.report
-    limit = cutoff(now_ns, grace_s)
     for fids in listings.values():
         rep.fragments_listed += len(fids)
         for fid in fids:

@@ -29,6 +29,8 @@ from typing import Any
 from placement.cluster_map import ClusterMap
 from store.client import Client
 from store.errors import EcstoreError, Unavailable
+from store.gc import version_time_ns
+from store.striping import record_extents
 from store.wire import unpack
 from store.workers import RateLimiter, WorkReport, live_records
 
@@ -42,6 +44,8 @@ DEFAULT_COLD_AFTER_S = 7 * 86400.0
 DEFAULT_PROMOTE_READS = 3
 DEFAULT_WINDOW_S = 3600.0
 ACCESS_PAGE = 1000
+# what a moved multipart object keeps of each part ("part_layout"): S3's view of it
+PART_LAYOUT_FIELDS = ("size", "etag", "checksums")
 
 
 @dataclass(frozen=True)
@@ -84,9 +88,19 @@ def decide(record: Mapping[str, Any], usage: Usage, rules: TierRules, now: float
     if record.get("policy") == rules.hot and now - last >= rules.cold_after_s:
         return "demote"
     if record.get("policy") == rules.cold and \
-            usage.reads_since(now - rules.window_s) >= rules.promote_reads:
+            usage.reads_since(max(now - rules.window_s, moved_at(record))) >= rules.promote_reads:
         return "promote"
     return None
+
+
+def moved_at(record: Mapping[str, Any]) -> float:
+    """When a pass moved the object to its policy (unix s; its version id's time), 0 for
+    one written there. Reads from before a demotion do not promote it back: with
+    `cold_after_s` under `window_s` an object read a few times and then left alone was
+    demoted and promoted by turns, rewritten at every pass."""
+    if not record.get("tiered_from"):
+        return 0.0
+    return version_time_ns(record["version_id"]) / 1e9
 
 
 def stored_bytes(record: Mapping[str, Any], replicas: int) -> int:
@@ -188,10 +202,24 @@ async def move_object(c: Client, bucket: str, key: str, record: dict[str, Any],
     if ext["size"] != record["size"]:
         raise EcstoreError(f"{bucket}/{key}: read {ext['size']} bytes of {record['size']}")
     new = {k: v for k, v in record.items() if k != "parts"}
+    if record.get("parts"):
+        # the data is one extent now, but S3 still sees the parts the object was
+        # completed from (GET and HEAD ?partNumber, x-amz-mp-parts-count, each part's
+        # checksums): until the twenty-seventh session they went with "parts", and a
+        # part number past 1 answered 416, part 1 the whole object
+        new["part_layout"] = [{f: p[f] for f in PART_LAYOUT_FIELDS if f in p}
+                              for p in record["parts"]]
+    # an object the client library wrote has no MD5 ETag: its version id stands in (S3,
+    # fsspec), and the move changes the version id - so it is kept as the ETag, which a
+    # move keeps (If-Match, If-Range and caches went on seeing a new object)
+    new.setdefault("etag", record["version_id"])
     new.update(version_id=ext["version_id"], policy=pol.name, k=pol.k, m=pol.m,
                ec_type=pol.ec_type, segment_size=pol.segment_size_bytes,
                segments=ext["segments"], handoffs=ext["handoffs"], epoch=cmap.epoch,
-               tiered_from=record["version_id"])
+               tiered_from=record["version_id"],
+               # the versions whose fragments held the data until now: gc keeps them for
+               # its grace after the move (a reader that started on them reads on)
+               tiered_from_versions=sorted({e.version_id for e in record_extents(record)}))
     await c.commit(bucket, key, new)   # same ts, later version id: see the module doc
     now = await c.read_record(bucket, key)
     return now is not None and now.get("version_id") == ext["version_id"]
@@ -228,6 +256,15 @@ class TierWorker:
     def remaining(self) -> int:
         return len(self.todo)
 
+    async def _superseded(self, e: TierEntry) -> bool:
+        """Whether the object is no longer the version the pass listed."""
+        try:
+            now = await self.c.read_record(e.bucket, e.key)
+        except EcstoreError:
+            return False
+        return now is None or bool(now.get("deleted")) or \
+            now.get("version_id") != e.record["version_id"]
+
     async def step(self) -> bool:
         if not self.todo:
             return False
@@ -247,8 +284,13 @@ class TierWorker:
             else:
                 r.promoted += 1
         except EcstoreError as exc:
+            if await self._superseded(e):   # overwritten or deleted meanwhile (and its
+                r.superseded += 1           # old version collected): nothing to move
+                return True
             r.failed += 1
-            r.errors.append(f"{e.bucket}/{e.key}: {exc}")
+            said = str(exc)
+            r.errors.append(said if said.startswith(f"{e.bucket}/{e.key}") else
+                            f"{e.bucket}/{e.key}: {said}")
         finally:
             r.seconds = time.monotonic() - self.started
         return True

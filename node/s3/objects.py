@@ -277,12 +277,19 @@ def part_number(query: Mapping[str, str], headers: Mapping[str, str]) -> int | N
     return n
 
 
+def s3_parts(rec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The parts a completed multipart upload made the object of (each with its size and
+    checksums), in order; empty for any other object. A tiering move re-encodes the data
+    as one extent and keeps them as "part_layout" (store.tiering.move_object)."""
+    return list(rec.get("parts") or rec.get("part_layout") or [])
+
+
 def part_bounds(rec: Mapping[str, Any], number: int) -> tuple[int, int, int]:
     """(lo, hi, parts): bytes [lo, hi) of part `number` of the object and its part count.
     A completed multipart upload's record lists its parts (sizes in bytes, in order); any
     other object is one part, all of it, as S3 has it. InvalidPartNumber (416) past the
     last part."""
-    sizes = [int(p["size"]) for p in rec.get("parts") or []] or [int(rec["size"])]
+    sizes = [int(p["size"]) for p in s3_parts(rec)] or [int(rec["size"])]
     if number > len(sizes):
         raise S3Error("InvalidPartNumber", "The requested partnumber is not satisfiable", 416)
     lo = sum(sizes[:number - 1])
@@ -297,10 +304,11 @@ def byte_range(ctx: S3Ctx, rec: Mapping[str, Any], headers: dict[str, str]) -> t
     number = part_number(ctx.query, ctx.headers)
     if number is not None:
         lo, hi, count = part_bounds(rec, number)
-        if rec.get("parts"):
+        parts = s3_parts(rec)
+        if parts:
             headers["x-amz-mp-parts-count"] = str(count)
         if checksum_mode(ctx.headers):   # the part's own, as S3 answers (all: one part)
-            headers.update(checksum_headers(rec["parts"][number - 1] if rec.get("parts") else rec))
+            headers.update(checksum_headers(parts[number - 1] if parts else rec))
         if hi == lo:   # an empty part (an empty object): no Content-Range can say it
             return lo, hi, False
     else:

@@ -52,3 +52,21 @@ def test_archive_classes_go_cold_at_once_and_stay(cls: str) -> None:
 
 def test_the_archive_classes_are_s3s() -> None:
     assert ARCHIVE_CLASSES == {"GLACIER_IR", "GLACIER", "DEEP_ARCHIVE"}
+
+
+def _vid(at: float) -> str:
+    """A version id created at unix time `at` (its first 16 hex digits: ns)."""
+    return f"{int(at * 1e9):016x}" + "0" * 16
+
+
+def test_reads_before_a_demotion_do_not_bring_the_object_back() -> None:
+    """With --cold-after under --window, an object read a few times and then left alone
+    was demoted, and the next pass promoted it for the reads before the demotion - by
+    turns, every pass rewriting it. Reads after the move count; an object written cold
+    (no move) counts every read in the window."""
+    rules = TierRules(cold_after_s=60.0, promote_reads=3, window_s=3600.0)
+    moved = rec("cold", 2 * DAY, tiered_from="a" * 32, version_id=_vid(NOW - 300))
+    assert decide(moved, read(5, ago_s=600), rules, NOW) is None        # read, then demoted
+    assert decide(moved, read(5, ago_s=120), rules, NOW) == "promote"   # read since
+    written_cold = rec("cold", 2 * DAY, version_id=_vid(NOW - 2 * DAY))
+    assert decide(written_cold, read(5, ago_s=600), rules, NOW) == "promote"
