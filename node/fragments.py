@@ -88,6 +88,7 @@ CACHED_HEAD_BYTES = 1024         # read first for a cached body: most headers ar
 QUARANTINE_SEPARATOR = "~"  # never in a fragment id: `{fid}~{ns}` for a second copy
 DEFAULT_VOLUME_BYTES = 1024 ** 3           # a volume takes no new records past this size
 COMPACT_LIVE_FRACTION = 0.5                # compact a full volume once less is live
+COMPACT_FREE_MARGIN_BYTES = 64 * 1024     # free space a compaction needs past its copies
 MIGRATE_BATCH_BYTES = 256 * 1024 ** 2      # old fragment files moved per sync
 LIST_SNAPSHOT_S = 60.0                     # a listing's sorted ids are reused this long
 DROP_BACK_BYTES = 2 * 1024 ** 2            # the largest page-cache folio (drop_written)
@@ -213,6 +214,13 @@ class FragmentStore:
         # why writes are refused since a volume sync or write failed (EIO, a read-only
         # filesystem): nothing written after that may be called durable - until a restart
         self.write_failure: str | None = None
+        # why the last compaction could not start (no compactable volume's live records
+        # fit in the free space), None when it could: for status
+        self.compaction_blocked: str | None = None
+        self.compaction_errors = ErrorTally()   # compactions that failed (storage.compact_loop)
+        # fragments refused because the reserve would not stay free after them: status
+        # said `up` while free space was between the reserve and the reserve plus a fragment
+        self.full_refusals = ErrorTally()
         if self.read_only:
             self.write_failure = (f"its filesystem ({self.data_dir}) is mounted read-only - "
                                   "an error may have made the kernel remount it so; fragments "
@@ -487,6 +495,7 @@ class FragmentStore:
             raise BadRequest("body does not match its checksum (truncated or damaged upload)")
         st = os.statvfs(self.vdir)
         if reserve and st.f_bavail * st.f_frsize - len(body) < self.reserve_bytes:
+            self.full_refusals.note(f"{len(body)} bytes with {st.f_bavail * st.f_frsize} free")
             raise InsufficientStorage(f"disk full: fewer than {self.reserve_bytes} bytes "
                                       "would stay free")
         with self._lock:
@@ -939,6 +948,11 @@ class FragmentStore:
                 "dead_bytes": max(0, size - self.bytes
                                   - VOLUME_HEADER.size * len(self._volumes))}
 
+    def free_bytes(self) -> int:
+        """Free bytes on the volumes' filesystem (an unprivileged user's)."""
+        st = os.statvfs(self.vdir)
+        return st.f_bavail * st.f_frsize
+
     def compactable(self) -> builtins.list[Volume]:
         """Volumes less than half live: those no longer appended to, and the one that is
         once it holds a quarter of a volume's size or an eighth of the disk, whichever is
@@ -948,10 +962,14 @@ class FragmentStore:
             if not self._volumes:   # a read-only filesystem with none on it
                 return []
             active = max(self._volumes)
-            return [v for vid, v in sorted(self._volumes.items())
-                    if v.live_bytes < (v.end - VOLUME_HEADER.size) * COMPACT_LIVE_FRACTION
-                    and (vid != active or v.end >= self.compact_active_bytes)
-                    and not v.damaged]
+            found = [v for vid, v in sorted(self._volumes.items())
+                     if v.live_bytes < (v.end - VOLUME_HEADER.size) * COMPACT_LIVE_FRACTION
+                     and (vid != active or v.end >= self.compact_active_bytes)
+                     and not v.damaged]
+        # the most space back per byte copied first: on a disk short of space the oldest
+        # volume came first whatever it cost, and one whose live records did not fit was
+        # tried again and again while another would have freed space for it
+        return sorted(found, key=lambda v: v.live_bytes / max(1, v.end - VOLUME_HEADER.size))
 
     def compact(self, max_volumes: int | None = None,
                 pace: Callable[[int], None] | None = None) -> CompactResult:
@@ -962,7 +980,21 @@ class FragmentStore:
         if self.write_failure is not None:   # it writes; the volumes stay as they are
             return out
         with self._compact_lock:
-            for vol in self.compactable()[:max_volumes]:
+            candidates = self.compactable()
+            free = self.free_bytes()
+            fitting = [v for v in candidates
+                       if not v.live_bytes or v.live_bytes + COMPACT_FREE_MARGIN_BYTES <= free]
+            self.compaction_blocked = None
+            if candidates and not fitting:
+                # copying any of them would fail with the disk full half-way (a failed
+                # copy keeps what it copied, but the disk gets no space back from it)
+                v = candidates[0]
+                self.compaction_blocked = (
+                    f"volume compaction cannot run: the cheapest volume to compact "
+                    f"({os.path.basename(v.path)}) has {v.live_bytes} live bytes to copy and the disk "
+                    f"has {free} free - {v.end - v.live_bytes} dead bytes stay until space "
+                    "is freed (delete objects and run `ecstore gc`, or add disk space)")
+            for vol in fitting[:max_volumes]:
                 with self._lock:
                     if vol.vid == max(self._volumes):   # appends move to a new volume
                         self._new_volume()
@@ -1043,6 +1075,30 @@ class FragmentStore:
         moved: builtins.list[tuple[str, Loc, Loc, bool]] = []
         dests: dict[int, Volume] = {}
         to_drop: builtins.list[tuple[Volume, int, int]] = []   # cold copies written plain
+        try:
+            self._copy_records(vol, work, moved, dests, to_drop, pace)
+        except BaseException:
+            # a full disk half-way (or an I/O error): the records copied so far are kept -
+            # synced, the index pointed at them, their old copies dead - so the next try
+            # copies only the rest; they were left as dead bytes in the newest volume,
+            # more at every try, and the disk never got its space back
+            if moved:
+                with contextlib.suppress(Exception):
+                    self._repoint(vol, moved, dests, to_drop, out)
+            raise
+        self._repoint(vol, moved, dests, to_drop, out)
+        with self._lock:
+            for fid, loc in tombs:
+                if self._tombs.get(fid) == loc:     # dropped: nothing older left to hide
+                    del self._tombs[fid]
+        return moved
+
+    def _copy_records(self, vol: Volume, work: builtins.list[tuple[str, Loc, bool]],
+                      moved: builtins.list[tuple[str, Loc, Loc, bool]], dests: dict[int, Volume],
+                      to_drop: builtins.list[tuple[Volume, int, int]],
+                      pace: Callable[[int], None] | None) -> None:
+        """Copy each record of `work` to the newest volume (unsynced), adding each to
+        `moved`, its volume to `dests` and a cold copy's range to `to_drop`."""
         for fid, loc, deleted in work:
             # a record in the page cache (being read) is copied through it; the others,
             # read and written uncached, leave the cache as it was
@@ -1068,6 +1124,11 @@ class FragmentStore:
             dests[dest.vid] = dest
             if pace is not None:
                 pace(loc_length(loc))
+
+    def _repoint(self, vol: Volume, moved: builtins.list[tuple[str, Loc, Loc, bool]],
+                 dests: dict[int, Volume], to_drop: builtins.list[tuple[Volume, int, int]],
+                 out: CompactResult) -> None:
+        """Sync the copies and point the index at them (unless replaced meanwhile)."""
         if self.fsync:
             for dest in dests.values():
                 self.sync_volume(dest)   # raises: the sources stay, nothing is repointed
@@ -1083,7 +1144,3 @@ class FragmentStore:
                         dests[loc_vid(new)].live_bytes += loc_length(new)
                     out.records_moved += 1
                     out.bytes_moved += loc_length(new)
-            for fid, loc in tombs:
-                if self._tombs.get(fid) == loc:     # dropped: nothing older left to hide
-                    del self._tombs[fid]
-        return moved

@@ -73,6 +73,7 @@ MAX_LIST_LIMIT = 10_000
 DISK_STALL_S = 20.0          # a disk operation running this long: the disk is not answering
 STATUS_DISK_TIMEOUT_S = 5.0  # status waits this long for the disk's statistics
 READ_ERROR_SHOWN_S = RECENT_DISK_ERROR_S   # status names fragments the disk could not read
+FULL_REFUSAL_SHOWN_S = 60.0   # status names fragments refused for the reserve this long after
 
 
 @dataclass(frozen=True)
@@ -398,7 +399,16 @@ async def status(request: web.Request) -> web.Response:
                             f"the disk could not read {eio.count} fragment(s) since start "
                             f"(EIO), the last at {iso_utc(eio.last_at)} ({eio.last}): "
                             "quarantined, `ecstore repair` rebuilds them; check the disk "
-                            "(dmesg)") if p]
+                            "(dmesg)",
+                            full is None and store.full_refusals.recent(FULL_REFUSAL_SHOWN_S)
+                            and f"fragments refused: the disk is nearly full (under "
+                            f"{store.reserve_bytes} bytes, the reserve, would stay free after "
+                            f"them; {store.full_refusals.summary()}) - puts go to other nodes",
+                            store.compaction_blocked,
+                            store.compaction_errors.recent() and
+                            f"volume compaction failed ({store.compaction_errors.summary()}): "
+                            "the dead bytes of deleted fragments stay on the disk until it "
+                            "runs; check the disk's free space and the node's log") if p]
     return web.json_response({"node_id": cfg.node_id, "role": "storage",
                               "fragments": store.count, "bytes": store.bytes, **disk,
                               "reserve_bytes": store.reserve_bytes,
@@ -530,8 +540,9 @@ async def compact_loop(app: web.Application) -> None:
             continue
         try:
             r = await _in_thread(store.compact, 1, paced(cfg.compact_rate_mb_s))
-        except Exception:   # a full disk, an I/O error: logged, tried again later
+        except Exception as exc:   # a full disk, an I/O error: logged, tried again later
             log.exception("volume compaction failed")
+            store.compaction_errors.note(str(exc) or type(exc).__name__)
             continue
         app[COMPACTIONS][0] += r.volumes
 

@@ -395,7 +395,8 @@ class PutPath(ClientBase):
                               f"nodes needed, one per fragment, {spare} to spare; "
                               f"{len(errors)} refused or did not answer"
                               + ("" if spare else ": with none to spare, one node down fails "
-                                 "every put") + ")",
+                                 "every put") + "): " + "; ".join(e[:200] for e in errors[:2])
+                              + (f"; and {len(errors) - 2} more" if len(errors) > 2 else ""),
                               tried=len(errors), failed=len(errors), errors=errors[:4])
 
     async def _answering(self, nodes: dict[str, Node]) -> set[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import json
 import logging
 import math
 import os
@@ -79,6 +80,32 @@ def _damage_logged(caplog: pytest.LogCaptureFixture) -> list[str]:
     """What opening a FragmentStore said about records it cut off or skipped."""
     return [r.getMessage() for r in caplog.records
             if r.name == "ecstore.fragments" and r.levelno >= logging.WARNING]
+
+
+def test_a_node_refusing_fragments_for_its_reserve_says_so(small_disk: LocalCluster) -> None:
+    """Free space above the reserve, but not by a fragment: the node refuses each fragment
+    (507) and its status said `up` with no problem, so nothing told why puts went
+    elsewhere. It names the refusals now, for a minute after the last."""
+    disk = Path(small_disk.nodes["s1"].data)
+    with SyncClient(small_disk.path) as c:
+        async def go() -> list[str]:
+            cmap = await c.client.cluster_map()
+            node = cmap.storage_node("s1")
+            st = json.loads((await c.client.t.request("GET", node.address, "/v1/status")).body)
+            reserve = st["reserve_bytes"]
+            with open(disk / "filler", "wb") as f:
+                f.write(b"\0" * max(0, _free(disk) - reserve - 512 * 1024))
+            try:
+                with pytest.raises(InsufficientStorage):
+                    await c.client.put_fragment(node, "near.0.0", os.urandom(MiB),
+                                                {"bucket": "full", "key": "near"})
+                r = await c.client.t.request("GET", node.address, "/v1/status")
+                return json.loads(r.body)["problems"]  # type: ignore[no-any-return]
+            finally:
+                (disk / "filler").unlink()
+        problems = c._run(go())
+    said = [p for p in problems if "fragments refused" in p]
+    assert len(said) == 1 and "the disk is nearly full" in said[0], problems
 
 
 def test_a_full_node_refuses_cleanly_and_recovers(small_disk: LocalCluster,

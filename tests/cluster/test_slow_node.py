@@ -146,6 +146,7 @@ def test_a_put_that_cannot_leave_the_stalled_node_fails_cleanly() -> None:
                 # which object, and why a put needs every node here (it named neither)
                 said = failed.value.message
                 assert said.startswith("six/stuck: ") and "none to spare" in said, said
+                assert "s4: " in said, said     # and the node, with its answer (it did not)
                 assert time.monotonic() - t0 < STALL_BOUND_S
             assert "stuck" not in [o.key for o in c.list("six").objects]
             c.put("six", "after", b"x" * (1 * MiB))

@@ -357,8 +357,7 @@ def test_a_put_racing_compaction_wins_now_and_after_a_reopen(
         put(s, f"gone{i}.0.0", body_of(f"g{i}", 4000))
     for i in range(10):
         s.delete(f"gone{i}.0.0")
-    [first, *_] = s.compactable()
-    assert first.vid == 1
+    (first,) = [v for v in s.compactable() if v.vid == 1]
     real_os = fragments.os
 
     class RacingOs:
@@ -741,3 +740,97 @@ def test_a_data_directory_that_does_not_exist_is_made(tmp_path: Path) -> None:
     (os.statvfs); it makes it, as a control node does."""
     s = FragmentStore(tmp_path / "not" / "yet")
     assert contents(reopen(s)) == {} and (tmp_path / "not" / "yet" / "volumes").is_dir()
+
+
+def _half_dead_volume(s: FragmentStore, prefix: str, records: int, keep_every: int,
+                      size: int) -> dict[str, bytes]:
+    """Fill the volume being written with `records` records of `size` bytes and delete
+    all but every `keep_every`-th; the kept ones (fid -> body)."""
+    kept = {}
+    for i in range(records):
+        fid = f"{prefix}{i:03d}.0.0"
+        body = put(s, fid, body_of(fid, size))
+        if i % keep_every:
+            s.delete(fid)
+        else:
+            kept[fid] = body
+    return kept
+
+
+def test_compaction_takes_the_volume_with_the_most_space_back_first(tmp_path: Path) -> None:
+    """The volume that gives the most space back per byte copied is compacted first (the
+    oldest came first, whatever it cost)."""
+    s = FragmentStore(tmp_path, fsync=True, reserve_bytes=0, volume_bytes=256 * 1024)
+    want = _half_dead_volume(s, "a", 40, 3, 8000)     # a third live
+    want |= _half_dead_volume(s, "b", 40, 20, 8000)   # a twentieth live
+    want |= _half_dead_volume(s, "c", 40, 1, 8000)    # the volume being written: all live
+    first, second = s.compactable()[:2]
+    assert first.live_bytes / first.end < second.live_bytes / second.end
+    assert first.vid == int(Path(s.locate("b000.0.0")[0]).stem)
+    assert s.compact(1).volumes == 1
+    assert first.vid not in s._volumes and second.vid in s._volumes
+    assert contents(s) == want
+
+
+def test_a_compaction_that_cannot_fit_adds_no_dead_bytes_and_says_why(tmp_path: Path) -> None:
+    """On a disk with less free space than a volume's live records, compaction tried to
+    copy them, failed with the disk full half-way and left the copies as dead bytes -
+    more at every try, every 10 s: a node stuck full for good. Now it does not start,
+    and says why (status names it)."""
+    from tests.cluster.tmpfs import fill, tmpfs_disk
+    with tmpfs_disk(tmp_path / "disk", 24) as disk:
+        s = FragmentStore(disk, fsync=True, reserve_bytes=0, volume_bytes=4 * 1024 ** 2)
+        want = _half_dead_volume(s, "v", 20, 3, 200 * 1024)     # ~1.4 MiB live of 4
+        want |= _half_dead_volume(s, "w", 4, 1, 200 * 1024)     # the next volume
+        (vol,) = s.compactable()
+        filler = fill(disk, vol.live_bytes // 2)
+        before = s.disk()
+        for _ in range(3):
+            assert s.compact().volumes == 0
+        assert s.disk()["volume_bytes"] == before["volume_bytes"]
+        assert s.disk()["dead_bytes"] == before["dead_bytes"]
+        assert s.compaction_blocked and "cannot run" in s.compaction_blocked
+        assert contents(s) == want
+        filler.unlink()                       # space back: it compacts
+        assert s.compact().volumes == 1 and s.compaction_blocked is None
+        assert contents(s) == want
+        del s
+
+
+def test_a_compaction_cut_short_keeps_what_it_copied(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy that fails half-way (the disk full after all, an I/O error) keeps the
+    records it copied - synced, pointed at, their old copies dead - so the next try
+    copies only the rest. They were left as dead bytes in the newest volume, and each
+    try copied everything again."""
+    s = FragmentStore(tmp_path, fsync=True, reserve_bytes=0, volume_bytes=256 * 1024)
+    want = _half_dead_volume(s, "a", 40, 3, 8000)
+    want |= _half_dead_volume(s, "z", 2, 1, 8000)      # the next volume
+    (vol,) = [v for v in s.compactable() if v.vid == 1]
+    live_before = vol.live_bytes
+    real_write, calls = FragmentStore._write, [0]
+
+    def failing(self: FragmentStore, *a: object, **kw: object) -> bool:
+        calls[0] += 1
+        if calls[0] == 6:
+            raise OSError(errno.ENOSPC, "No space left on device (injected)")
+        return real_write(self, *a, **kw)   # type: ignore[arg-type]
+    monkeypatch.setattr(FragmentStore, "_write", failing)
+    in_vol = [f for f in want if s.locate(f)[0] == vol.path]
+    with pytest.raises(OSError):
+        s.compact()
+    monkeypatch.undo()
+    moved = [f for f in in_vol if s.locate(f)[0] != vol.path]
+    assert len(moved) >= 1 and live_before - vol.live_bytes == \
+        sum(vol_record_bytes(s, f) for f in moved)
+    assert contents(s) == want
+    assert s.compact().volumes >= 1 and vol.vid not in s._volumes
+    assert all(s.locate(f)[0] == s.locate(moved[0])[0] for f in moved)  # not copied again
+    assert contents(s) == want
+    s2 = reopen(s, volume_bytes=256 * 1024)
+    assert contents(s2) == want
+
+
+def vol_record_bytes(s: FragmentStore, fid: str) -> int:
+    """The bytes fid's record takes in its volume (header and body)."""
+    return fragments.loc_length(s._index[fid])
