@@ -227,6 +227,11 @@ class FragmentStore:
                                   "are served, not stored")
         # volume file -> bytes of it the disk could not read (EIO) when it was scanned
         self.unreadable: dict[str, int] = {}
+        # bytes the scan at open passed over in each volume: records whose heads fail
+        # their checks (a flipped bit, a zeroed page), and a volume with no valid header -
+        # fragments missing here, which only a repair's listing noticed (status said up,
+        # and a scrub found nothing: it reads what the index holds)
+        self.damaged_bytes: dict[str, int] = {}
         # fragments the disk could not read (EIO): status names them for a while
         self.eio_reads = ErrorTally()
         # volume files not opened (a header unreadable or not a volume's): compaction keeps
@@ -317,6 +322,8 @@ class FragmentStore:
         if vol is None:
             log.error("volume %s has no valid header: left alone (its fragments are missing "
                       "here until repair rebuilds them), not read", path)
+            with contextlib.suppress(OSError):
+                self.damaged_bytes[path] = os.stat(path).st_size
             return None
         size = vol.end
         self._seq = max(self._seq, vol.min_seq)     # the seq it was made at, so far
@@ -330,6 +337,7 @@ class FragmentStore:
             self._seq = max(self._seq, seq)
         if skipped:
             log.error("volume %s: skipped %d damaged bytes between records", path, skipped)
+            self.damaged_bytes[path] = skipped
         if unreadable:
             # never cut short, compacted or appended to: what the disk can still read of
             # it is read; the fragments whose heads it cannot are missing here until
@@ -348,6 +356,7 @@ class FragmentStore:
                           "fragments in those bytes are missing here until repair rebuilds "
                           "them", path, size - good_end)
                 self._damaged_tail = vol.damaged = True
+                self.damaged_bytes[path] = self.damaged_bytes.get(path, 0) + size - good_end
             elif last and self.read_only:
                 log.warning("volume %s: %d bytes of an unfinished record at its end (left: "
                             "the filesystem is read-only)", path, size - good_end)

@@ -404,6 +404,12 @@ async def status(request: web.Request) -> web.Response:
                             and f"fragments refused: the disk is nearly full (under "
                             f"{store.reserve_bytes} bytes, the reserve, would stay free after "
                             f"them; {store.full_refusals.summary()}) - puts go to other nodes",
+                            store.damaged_bytes and
+                            f"the node passed over {sum(store.damaged_bytes.values())} damaged "
+                            f"bytes of {len(store.damaged_bytes)} volume(s) when it opened them "
+                            f"({', '.join(sorted(os.path.basename(v) for v in store.damaged_bytes))}"
+                            "): records whose checks fail, their fragments missing here - run "
+                            "`ecstore repair`, which rebuilds them; said until the node restarts",
                             store.compaction_blocked,
                             store.compaction_errors.recent() and
                             f"volume compaction failed ({store.compaction_errors.summary()}): "

@@ -178,6 +178,16 @@ def test_a_damaged_header_loses_only_its_record(tmp_path: Path) -> None:
     del want["d2.0.0"]
     assert contents(s2) == want            # every record after it is found again
     assert stored_fragments(tmp_path).keys() == want.keys()
+    assert list(s2.damaged_bytes.values()) == [s2.damaged_bytes[s.locate("d3.0.0")[0]]] and \
+        sum(s2.damaged_bytes.values()) > 0
+    del s, s2
+
+    async def body(t: Transport, url: str) -> None:
+        # a node opening that volume says so (it said `up`, and a scrub found nothing)
+        st = json.loads((await t.request("GET", url, "/v1/status")).body)
+        said = [p for p in st["problems"] if "damaged bytes" in p]
+        assert len(said) == 1 and "ecstore repair" in said[0], st
+    run(tmp_path, body)
 
 
 def test_a_body_cannot_forge_a_record(tmp_path: Path) -> None:
