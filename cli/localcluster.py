@@ -422,6 +422,11 @@ class LocalCluster:
         prefix = "s" if role == "storage" else "c"
         used = {int(i[1:]) for i in self.nodes if i.startswith(prefix) and i[1:].isdigit()}
         num = max(used, default=0) + 1
+        while (self.dir / f"{prefix}{num}").exists():
+            # a removed node's data directory (a drained storage node keeps the fragments
+            # of dead versions; a control node its records): a new node started on it
+            # came up holding them
+            num += 1
         spec = NodeSpec(f"{prefix}{num}", role, free_port(), str(self.dir / f"{prefix}{num}"),
                         zone, tier)
         self.nodes[spec.id] = spec

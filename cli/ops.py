@@ -134,7 +134,13 @@ async def change_ring(c: Client, op: str, a: argparse.Namespace) -> ClusterMap:
                 "changes the ring anyway")
         new = cmap.with_control_ring(ring) if control else cmap.with_storage_ring(ring)
     except ValueError as exc:  # a change that leaves a policy unable to place k+m
-        raise BadRequest(f"refused: {exc}") from None
+        said = str(exc)
+        if "quorum" in said and "effective replicas" in said:
+            # the map's own check; it said only "write_quorum (effective replicas 1) must
+            # be in [1, 1], got 2"
+            said = (f"the control ring would keep too few nodes for the metadata write and "
+                    f"read quorums ({said}); add a control node first")
+        raise BadRequest(f"refused: {said}") from None
     failed = await c.publish_map(new)
     from cli.main import err
     err.print(f"map epoch {cmap.epoch} -> {new.epoch}"
@@ -316,7 +322,16 @@ async def _rebalance(c: Client, a: argparse.Namespace, state: Path) -> int:
                       for n in ("objects_checked", "moved", "skipped", "failed", "passes")]
                      + [("bytes moved", human(rep["bytes_moved"])),
                         ("metadata records moved", md["copied"]),
-                        ("metadata failed", md["failed"])], rep["errors"])
+                        ("metadata failed", md["failed"])],
+                     rep["errors"] + [f"metadata: {e}" for e in md.get("errors", [])[:10]]
+                     + ([f"metadata: and {len(md['errors']) - 10} more (--json lists them)"]
+                        if len(md.get("errors", [])) > 10 else []))
+        if md["failed"]:
+            err.print("some metadata records were not moved (above): the control ring stays "
+                      "unsettled, readers still look where the previous ring put them; start "
+                      "the control nodes named, or take a dead one out of the map (`ecstore "
+                      "cluster remove-node ID --force`), then run `ecstore rebalance` again",
+                      highlight=False)
     if last.incomplete and not a.dry_run:
         err.print(f"incomplete: {unlisted_note(last)}; no ring change waits for this "
                   "rebalance (the map has no previous placement), but what the node holds "
@@ -395,7 +410,20 @@ def _load_local(data: Path) -> Any:
     return LocalCluster.load(data)   # BadRequest when there is none or it is broken
 
 
+def _changing(data: Path) -> Any:
+    """The lock `cluster add-node` and `cluster remove-node` hold for their run: each
+    reads cluster.json, changes it and writes it back, and two at once lost a node from
+    it (still running and in the map, out of the file: `cluster down` left it running,
+    `remove-node` did not know it). A second one is refused, naming the first's pid."""
+    return only_one(data / "cluster-change.state", "cluster add-node or remove-node")
+
+
 def cmd_add_node(a: argparse.Namespace) -> int:
+    with _changing(Path(a.data)):
+        return _add_node(a)
+
+
+def _add_node(a: argparse.Namespace) -> int:
     from cli.main import err
     from store.cluster import ClusterInfo
 
@@ -411,6 +439,11 @@ def cmd_add_node(a: argparse.Namespace) -> int:
     async def add() -> None:
         c = Client(ClusterInfo.load(cluster.path))
         try:
+            tiers = sorted({pol.tier for pol in (await c.cluster_map(refresh=True)).policies})
+            if a.role == "storage" and a.tier not in tiers:   # a typo, most likely
+                err.print(f"[yellow]warning:[/] no policy places fragments on tier {a.tier!r} "
+                          f"(the map's policies use {', '.join(tiers)}): the node will hold "
+                          "nothing", highlight=False)
             ns = argparse.Namespace(id=spec.id, url=spec.url, weight=a.weight, role=a.role,
                                     zone=a.zone or spec.id, tier=a.tier)
             await change_ring(c, "add", ns)
@@ -418,7 +451,7 @@ def cmd_add_node(a: argparse.Namespace) -> int:
             await c.close()
     try:
         asyncio.run(add())
-    except Exception:
+    except BaseException:   # Ctrl-C too: a node left running out of the map, else
         cluster.forget_node(spec.id)
         raise
     if a.role == "control":
@@ -432,6 +465,11 @@ def cmd_add_node(a: argparse.Namespace) -> int:
 
 
 def cmd_remove_node(a: argparse.Namespace) -> int:
+    with _changing(Path(a.data)):
+        return _remove_node(a)
+
+
+def _remove_node(a: argparse.Namespace) -> int:
     from cli.main import err
     from store.cluster import ClusterInfo
     from store.rebalance import prepare_rebalance
@@ -439,6 +477,10 @@ def cmd_remove_node(a: argparse.Namespace) -> int:
     cluster = _load_local(Path(a.data))
     if a.id not in cluster.nodes:
         raise NotFound(f"no node {a.id} in {cluster.path}")
+    role = cluster.nodes[a.id].role
+    if role not in ("storage", "control"):   # it drained nothing and dropped the gateway
+        raise BadRequest(f"{a.id} is the cluster's {role}, not a storage or control node: "
+                         "`ecstore cluster down` stops it with the rest")
 
     summary: dict[str, Any] = {"id": a.id}
     show = err.is_terminal and not a.json
@@ -448,9 +490,14 @@ def cmd_remove_node(a: argparse.Namespace) -> int:
         c = Client(ClusterInfo.load(cluster.path))
         try:
             cmap = await c.cluster_map(refresh=True)
-            if any(n.id == a.id for n in cmap.control.nodes):
-                await change_ring(c, "remove", argparse.Namespace(id=a.id, force=a.force))
-                await asyncio.sleep(MAP_TTL_S + 0.5)  # every client writes to the new ring
+            if role == "control":
+                # out of the map already when a run was killed after its ring change: the
+                # metadata move is finished and the ring settled all the same (the rerun
+                # took the storage path, stopped the node and left the control ring
+                # unsettled for good - every ring change then refused)
+                if any(n.id == a.id for n in cmap.control.nodes):
+                    await change_ring(c, "remove", argparse.Namespace(id=a.id, force=a.force))
+                    await asyncio.sleep(MAP_TTL_S + 0.5)  # every client writes to the new ring
                 report = await finish_metadata_move(c, False)
                 summary.update(role="control", metadata=report.to_dict())
                 return (f"{report.failed} metadata records could not be moved off {a.id}"

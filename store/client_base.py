@@ -203,7 +203,9 @@ class ClientBase(LoopBound):
         control nodes must accept it. Returns the ids of nodes that did not."""
         old = await self.cluster_map(refresh=True)
         if new.epoch <= old.epoch:
-            raise Conflict(f"map epoch {new.epoch} is not newer than {old.epoch}")
+            raise Conflict(f"another change of the cluster map was published meanwhile (map "
+                           f"epoch {new.epoch} is not newer than {old.epoch}): run the "
+                           "command again")
         nodes = {n.id: n for n in (*old.control.nodes, *new.control.nodes)}
         body = new.to_bytes()
         results = await asyncio.gather(*(

@@ -199,6 +199,18 @@ def test_more_request_mistakes_exit_2_without_a_traceback(workdir: Path, tmp_pat
         assert proc.returncode == 2 and b"Traceback" not in proc.stderr, (args, proc.stderr)
 
 
+def test_remove_node_refuses_the_gateway(workdir: Path) -> None:
+    """`cluster remove-node gw1` said `drained and stopped gw1` (exit 0) after rebalance
+    passes, and dropped the gateway from cluster.json: `cluster up` never started it again."""
+    data = workdir / ".ecstore"
+    proc = ecstore("cluster", "remove-node", "--data", str(data), "gw1", cwd=workdir, ok=False)
+    said = b" ".join(proc.stderr.split())
+    assert proc.returncode == 2 and b"gw1 is the cluster's gateway" in said, proc.stderr
+    assert json.loads((data / "cluster.json").read_text())["gateway"]
+    assert [n["id"] for n in json.loads((data / "cluster.json").read_text())["nodes"]
+            if n["role"] == "gateway"] == ["gw1"]
+
+
 def test_numbers_a_command_cannot_use_are_refused_before_it_runs(workdir: Path) -> None:
     nodes = (workdir / ".ecstore" / "cluster.json").read_bytes()
     for args in (["gc", "--grace", "nan"], ["gc", "--grace", "inf"], ["gc", "--grace", "-1"],

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import shutil
@@ -135,6 +136,51 @@ def test_remove_a_control_node_moves_metadata_off_it(cluster: LocalCluster,
 def cli_raw(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run([sys.executable, "-m", "cli.main", "--cluster", str(cluster.path),
                            *args], cwd=ROOT, capture_output=True, timeout=300)
+
+
+def test_a_control_node_removal_cut_short_finishes_when_run_again(
+        cluster: LocalCluster, objects: dict[str, bytes]) -> None:
+    """`cluster remove-node` of a control node killed after its ring change (the node out
+    of the map, its records not moved, the control ring not settled), then run again: it
+    took the storage drain path, stopped the node and left the ring unsettled for good -
+    every later ring change refused, `rebalance` failing on the stopped node with no word
+    of why. Now the rerun finishes the move and settles the ring; rebalance names the
+    metadata errors; two add/remove-node at once are refused (one lost a node from
+    cluster.json); a new node never takes a removed one's data directory."""
+    data = str(cluster.dir)
+    objects = {**objects, "after-removal": b"still writable"}   # the test before put it
+    added = json.loads(cli(cluster, "cluster", "add-node", "--data", data, "--role",
+                           "control", "--json").stdout)["id"]
+    cli(cluster, "rebalance")
+    cli(cluster, "ring", "remove", added)          # where the killed run stopped
+    LocalCluster.load(cluster.dir).stop_node(added)
+    r = cli_raw(cluster, "rebalance")
+    said = b" ".join(r.stderr.split()).decode()
+    assert r.returncode == 1 and f"metadata: {added}" in said, said
+    assert "control ring stays unsettled" in said, said
+    local = LocalCluster.load(cluster.dir)
+    local.start_node(added)
+    local.wait_healthy([added])
+
+    with open(cluster.dir / "cluster-change.lock", "a+") as held:   # another one runs
+        fcntl.flock(held, fcntl.LOCK_EX)
+        r = cli_raw(cluster, "cluster", "remove-node", "--data", data, added)
+        assert r.returncode == 2, r.stderr
+        assert b"another cluster add-node or remove-node is running" in r.stderr
+
+    done = json.loads(cli(cluster, "cluster", "remove-node", "--data", data, added,
+                          "--json").stdout)
+    assert done["role"] == "control" and done["metadata"]["failed"] == 0, done
+    assert json.loads(cli(cluster, "ring", "show", "--json").stdout)["rebalance_pending"] == []
+    assert added not in LocalCluster.load(cluster.dir).nodes
+    check_all(cluster, objects)
+
+    again = json.loads(cli(cluster, "cluster", "add-node", "--data", data, "--role",
+                           "control", "--json").stdout)["id"]
+    assert again != added and (cluster.dir / added).is_dir()   # its directory is left
+    cli(cluster, "rebalance")
+    cli(cluster, "cluster", "remove-node", "--data", data, again)
+    check_all(cluster, objects)
 
 
 def test_a_cluster_grown_from_one_control_node_keeps_three_replicas() -> None:
