@@ -990,26 +990,34 @@ class FragmentStore:
             return out
         with self._compact_lock:
             candidates = self.compactable()
-            free = self.free_bytes()
-            fitting = [v for v in candidates
-                       if not v.live_bytes or v.live_bytes + COMPACT_FREE_MARGIN_BYTES <= free]
-            self.compaction_blocked = None
-            if candidates and not fitting:
-                # copying any of them would fail with the disk full half-way (a failed
-                # copy keeps what it copied, but the disk gets no space back from it)
-                v = candidates[0]
-                self.compaction_blocked = (
-                    f"volume compaction cannot run: the cheapest volume to compact "
-                    f"({os.path.basename(v.path)}) has {v.live_bytes} live bytes to copy and the disk "
-                    f"has {free} free - {v.end - v.live_bytes} dead bytes stay until space "
-                    "is freed (delete objects and run `ecstore gc`, or add disk space)")
-            for vol in fitting[:max_volumes]:
+            blocked: builtins.list[tuple[Volume, int]] = []
+            done = 0
+            for vol in candidates:
+                if max_volumes is not None and done >= max_volumes:
+                    break
+                free = self.free_bytes()    # again for each: the last one freed space
+                if vol.live_bytes and vol.live_bytes + COMPACT_FREE_MARGIN_BYTES > free:
+                    # its copy would fail with the disk full half-way (a failed copy keeps
+                    # what it copied, but the disk gets no space back from it)
+                    blocked.append((vol, free))
+                    continue
+                done += 1
                 with self._lock:
                     if vol.vid == max(self._volumes):   # appends move to a new volume
                         self._new_volume()
                     while vol.writers:   # sealed now; writes already placed in it finish
                         self._written.wait()
                 self._compact_one(vol, out, pace)
+            self.compaction_blocked = None
+            if blocked and not done:
+                v, free = min(blocked, key=lambda b: b[0].live_bytes)
+                self.compaction_blocked = (
+                    f"volume compaction cannot run: {len(blocked)} volume(s) are mostly dead "
+                    f"bytes, and the one with the fewest live bytes to copy "
+                    f"({os.path.basename(v.path)}: {v.live_bytes}) needs more than the "
+                    f"{free} free - their {sum(b.end - b.live_bytes for b, _ in blocked)} "
+                    "dead bytes stay until space is freed (delete objects and run "
+                    "`ecstore gc`, or add disk space)")
         return out
 
     def _compact_one(self, vol: Volume, out: CompactResult,

@@ -543,6 +543,7 @@ async def compact_loop(app: web.Application) -> None:
     while True:
         await asyncio.sleep(cfg.compact_interval_s)
         if not store.compactable():
+            store.compaction_blocked = None   # what blocked it is gone (or became live)
             continue
         try:
             r = await _in_thread(store.compact, 1, paced(cfg.compact_rate_mb_s))

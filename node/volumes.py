@@ -250,7 +250,8 @@ def scan_records(vol: Volume, size: int, heads_only: bool = False) -> ScanResult
                 nxt = _next_record(rd, pos + 1, size, vol)
                 if nxt < 0:
                     break
-                skipped += nxt - pos
+                if not _failed_write(rd, pos, nxt, size):
+                    skipped += nxt - pos
                 pos = nxt
                 continue
             fid, seq, deleted, length = rec
@@ -412,6 +413,26 @@ def _parse_record_head(rd: _Reader, pos: int, size: int, vol: Volume,
             or not isinstance(body, int) or body < 0 or start + hlen + body > size):
         return None
     return fid, seq, deleted, RECORD_PREFIX.size + hlen + body
+
+
+def _failed_write(rd: _Reader, pos: int, end: int, size: int) -> bool:
+    """Whether bytes [pos, end) are what a write that failed leaves (FragmentStore._write):
+    a record whose magic was zeroed after its prefix was written (a header length there),
+    or zeros (its space reserved, nothing written) - not damage: status does not report
+    them. A page zeroed by the disk under a record's head reads as zeros followed by the
+    rest of the record: damage."""
+    if pos + RECORD_PREFIX.size > size:
+        return not any(rd.get(pos, end - pos))
+    magic, hlen, _ = RECORD_PREFIX.unpack(rd.get(pos, RECORD_PREFIX.size))
+    if magic != bytes(len(RECORD_MAGIC)):
+        return False
+    if 0 < hlen <= MAX_HEADER_BYTES:   # its prefix was written, then the magic unmarked
+        return True
+    return not any(rd.get(pos, min(end - pos, FAILED_WRITE_ZERO_CHECK_BYTES))) and \
+        not any(rd.get(pos, end - pos))
+
+
+FAILED_WRITE_ZERO_CHECK_BYTES = 4096   # looked at first: most damage is not zeros
 
 
 def _next_record(rd: _Reader, pos: int, size: int, vol: Volume,

@@ -488,12 +488,14 @@ async def prepare_gc(c: Client, grace_s: float = DEFAULT_GRACE_S,
     live.update(running)
     homes: dict[str, frozenset[str]] = {}
     limit = cutoff(now_ns, grace_s)
+    replaced: set[str] = set()   # by a tiering move younger than the grace: kept (young)
     async for _, _, rec in live_records(c):
         live.add(rec["version_id"])
         live.update(e.version_id for e in record_extents(rec))
         homes.update(record_homes(cmap, rec))
-        live.update(replaced_by_move(rec, limit))
-    garbage = plan_fragment_gc(live, listings, now_ns, grace_s)
+        replaced.update(replaced_by_move(rec, limit))
+    replaced -= live
+    garbage = plan_fragment_gc(live | replaced, listings, now_ns, grace_s)
     strays = plan_stray_gc(homes, listings, now_ns, grace_s)
     tombstones = sorted({bk for rows in scan.values() for bk, r in rows.items() if r.get("deleted")})
     worker = GcWorker(c, cmap, garbage, tombstones, now_ns, grace_s, dry_run, strays, orphans)
@@ -509,6 +511,8 @@ async def prepare_gc(c: Client, grace_s: float = DEFAULT_GRACE_S,
         rep.fragments_listed += len(fids)
         for fid in fids:
             kind = classify_fragment(fid, live, limit)
+            if kind == "garbage" and fragment_version(fid) in replaced:
+                kind = "young"
             if kind == "live":
                 rep.kept_live += 1
             elif kind == "young":

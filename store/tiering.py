@@ -262,6 +262,8 @@ class TierWorker:
             now = await self.c.read_record(e.bucket, e.key)
         except EcstoreError:
             return False
+        if now is not None and now.get("tiered_from") == e.record["version_id"]:
+            return False    # the move's own commit, which said it failed: not a newer write
         return now is None or bool(now.get("deleted")) or \
             now.get("version_id") != e.record["version_id"]
 

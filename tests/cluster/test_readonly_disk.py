@@ -157,6 +157,9 @@ def test_a_control_node_on_a_read_only_filesystem_serves_its_records() -> None:
             cluster.start_node("c1")
             cluster.wait_healthy(["c1"])
             assert not dead.exists(), "a dead node's shadow directory was left"
+            c1_pid = cluster.nodes["c1"].pid
+            assert c1_pid and list(Path(tempfile.gettempdir()).glob(
+                f"ecstore-metadb-ro-{c1_pid}-*")), "no shadow directory of c1's"
 
             st = _c1_status(cluster)
             said = [p for p in st["problems"] if "read-only filesystem" in p]
@@ -188,5 +191,5 @@ def test_a_control_node_on_a_read_only_filesystem_serves_its_records() -> None:
                 assert _on_c1(cluster, "GET", f"/v1/objects/rodisk/{k}")[0] == 200, k
             for k, v in {**before, **during, "after": b"after"}.items():
                 assert c.get("rodisk", k) == v
-        assert not list(Path(tempfile.gettempdir()).glob("ecstore-metadb-ro-*")), \
+        assert not list(Path(tempfile.gettempdir()).glob(f"ecstore-metadb-ro-{c1_pid}-*")), \
             "the read-only shadow directory was left behind"

@@ -14,15 +14,18 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import boto3
 import pytest
 
 from cli.localcluster import LocalCluster
 from node.volumes import stored_fragments
+from store import gc as store_gc
 from store.client import Client, SyncClient, expected_fragment_nodes
 from store.gc import prepare_gc
 from store.tiering import TierEntry, TierRules, TierStatus, TierWorker, move_object
+from store.wire import unpack
 from tests.cluster.s3_fixtures import ecstore
 from tests.cluster.uncached import node_counters
 from tests.functional.harness import evict_volumes, fragments_on_disk, settle_uncached
@@ -249,12 +252,36 @@ def test_s3_multipart_uploads_take_the_buckets_default_policy(tiered: LocalClust
     assert s3.get_object(Bucket="cold-default", Key="m")["Body"].read() == data
 
 
-def test_a_moved_version_outlives_gc_for_its_grace(tiered: LocalCluster) -> None:
+async def every_replica_holds(c: Client, bucket: str, key: str, version_id: str) -> None:
+    """Wait (10 s at most) until each control node holds that version of the record: gc
+    keeps any version one replica still holds as live."""
+    cmap = await c.cluster_map()
+    for _ in range(200):
+        held = []
+        for node in cmap.control.nodes:
+            r = await c.t.request("GET", node.address, f"/v1/objects/{bucket}/{key}",
+                                  ok_404=True)
+            held.append(r.status == 200 and unpack(r.body)["version_id"] == version_id)
+        if all(held):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"not every replica holds {bucket}/{key} {version_id}")
+
+
+def test_a_moved_version_outlives_gc_for_its_grace(
+        tiered: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """gc keeps the version a move replaced for its grace after the move, so a reader that
     started on it reads to its end. A version's age is its creation time, and a demoted
     version is as old as the object's last write (a week by default): the next gc after a
-    pass took its fragments at once and every read in flight on it failed."""
-    grace_s = 5.0
+    pass took its fragments at once and every read in flight on it failed. gc's clock is
+    set (half a second after the move, then past its grace), so a slow machine cannot
+    make the move older than the grace before gc looks."""
+    grace_s = 2.0
+
+    def gc_at(now_ns: int) -> None:
+        clock = SimpleNamespace(**{n: getattr(time, n) for n in dir(time) if not n.startswith("_")})
+        clock.time_ns = lambda: now_ns
+        monkeypatch.setattr(store_gc, "time", clock)
 
     async def go() -> None:
         async with Client.connect(tiered.path) as c:
@@ -266,15 +293,21 @@ def test_a_moved_version_outlives_gc_for_its_grace(tiered: LocalCluster) -> None
             stream = c.get_stream("graced", "obj")
             got = [await anext(stream)]
             assert await move_object(c, "graced", "obj", rec, "cold")
-            await (await prepare_gc(c, grace_s)).run()
+            new_vid = (await c.live_record("graced", "obj"))["version_id"]
+            moved = store_gc.version_time_ns(new_vid)
+            await every_replica_holds(c, "graced", "obj", new_vid)   # else the old is live
+            gc_at(moved + 500_000_000)
+            kept = await (await store_gc.prepare_gc(c, grace_s)).run()
+            assert kept.kept_young >= rec["segments"] * (rec["k"] + rec["m"]), kept
             got += [part async for part in stream]
             assert hashlib.sha256(b"".join(got)).digest() == hashlib.sha256(data).digest()
             old = b"".join([p async for p in c.get_stream("graced", "obj", record=rec)])
             assert hashlib.sha256(old).digest() == hashlib.sha256(data).digest()
 
-            await asyncio.sleep(grace_s + 1.0)     # the move older than the grace too
-            report = (await prepare_gc(c, grace_s)).report
-            assert report.fragments_garbage >= 6 * 4, report   # 13 segments x 6, at least
+            gc_at(moved + int((grace_s + 1.0) * 1e9))   # the move older than the grace too
+            report = (await store_gc.prepare_gc(c, grace_s)).report
+            old_fragments = rec["segments"] * (rec["k"] + rec["m"])
+            assert report.fragments_garbage >= old_fragments, report   # the old version's
             assert await c.get("graced", "obj") == data
     asyncio.run(go())
 
