@@ -140,6 +140,14 @@ def start_down_nodes(cluster: LocalCluster, running: list[str]) -> int:
     running ones are left alone. Refused when every node is up."""
     down = [i for i in cluster.nodes if i not in running]
     if not down:
+        silent = [i for i in running if not cluster._healthy(i)]
+        if silent:   # its process runs, and it does not answer: stopping (draining), or hung
+            raise BadRequest(
+                "every node's process runs, but " + ", ".join(
+                    f"{i} (pid {cluster.nodes[i].pid})" for i in silent)
+                + " does not answer its health check: stopping (it finishes its requests "
+                "in flight first, 60 s at most) or hung - wait for it to exit, or stop it "
+                "(kill PID), then run `ecstore cluster up` again")
         raise BadRequest(f"a cluster is already running from {cluster.dir} (every node is up: "
                          f"{', '.join(running)}); `ecstore cluster down --data DIR` first")
     err.print(f"{len(running)} nodes running; starting {', '.join(down)}")

@@ -164,6 +164,7 @@ class Observer:
                              "and headers included), by operation.", ["op"], registry=reg)
         self._children: dict[tuple[str, int], tuple[Any, Any, Any, Any]] = {}
         self.in_flight = 0        # requests in a handler now
+        self.stopping = False     # SIGTERM: answers say Connection: close (node.server)
         self.cap: Any = None      # node.server.ConnectionCap, set when serving
         reg.register(_Collect(self._server_metrics))  # type: ignore[arg-type]
 

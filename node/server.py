@@ -153,7 +153,10 @@ async def observe_middleware(request: web.Request, handler: Handler) -> web.Stre
         info.handler, request.method)
     obs.in_flight += 1
     try:
-        return await handler(request)
+        resp = await handler(request)
+        if obs.stopping:   # draining: the client opens its next request elsewhere
+            resp.force_close()
+        return resp
     finally:
         obs.in_flight -= 1
 
@@ -468,9 +471,27 @@ async def _serve(app: web.Application, host: str, port: int, reuse_port: bool,
             listener.close()
         if front is not None:
             await front.close(SHUTDOWN_TIMEOUT_S)
+        if obs is not None:
+            await drain_requests(obs, SHUTDOWN_TIMEOUT_S)
         await runner.cleanup()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+async def drain_requests(obs: Any, timeout_s: float) -> None:
+    """Wait until no request is in a handler (at most timeout_s), before aiohttp's own
+    shutdown closes every connection: that close drops the bytes that arrive after it, so
+    an upload still sending its body was never finished - it hung until the 60 s grace
+    ran out and failed, the node stopped 60 s late with its port closed (a gateway
+    stopped with SIGTERM under S3 load: uploads failed, 45-60 s without S3). Answers
+    given meanwhile close their connection."""
+    obs.stopping = True
+    deadline = time.monotonic() + timeout_s
+    while obs.in_flight > 0 and time.monotonic() < deadline:
+        await asyncio.sleep(DRAIN_POLL_S)
+
+
+DRAIN_POLL_S = 0.02
 
 
 class HttpLog(logging.LoggerAdapter):

@@ -162,6 +162,22 @@ def test_up_refuses_a_second_cluster_in_the_same_directory(workdir: Path) -> Non
     assert proc.returncode != 0 and b"already running" in proc.stderr
 
 
+def test_up_names_a_node_whose_process_runs_and_does_not_answer(workdir: Path) -> None:
+    """A node stopping (draining its requests) or hung: its pid runs, it does not answer.
+    `cluster up` said "every node is up ... cluster down first" - which would stop the
+    whole cluster - while `status` called it down."""
+    data = json.loads((workdir / ".ecstore" / "cluster.json").read_text())
+    pid = next(n["pid"] for n in data["nodes"] if n["id"] == "s2")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        proc = ecstore("cluster", "up", "--detach", cwd=workdir, ok=False)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    said = b" ".join(proc.stderr.split())
+    assert proc.returncode == 2 and f"s2 (pid {pid}) does not answer".encode() in said, said
+    assert b"cluster down" not in said
+
+
 def test_up_starts_the_nodes_that_are_down_and_leaves_the_others(workdir: Path) -> None:
     ecstore("mb", "cli-restart", cwd=workdir)
     payload = os.urandom(3 * 1024 * 1024 + 1)
