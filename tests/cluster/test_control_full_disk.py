@@ -357,22 +357,22 @@ def test_a_reopen_that_fails_leaves_the_database_serving_reads(tmp_path: Path) -
 
 
 def test_a_control_node_whose_database_cannot_open_says_so_in_one_line(tmp_path: Path) -> None:
-    """A control node started on a filesystem that went read-only (or fails writes): it
-    exited with a traceback whose last line was rocksdict's "Read-only file system (os
-    error 30)", naming nothing (a real-EIO sweep: "Input/output error (os error 5)").
-    Now one line names the node, the database and what to check, exit 1."""
+    """A control node whose database cannot open (here its CURRENT file damaged; a sweep
+    with real EIO: "Input/output error (os error 5)"): it exited with a traceback whose
+    last line was rocksdict's error, naming nothing. Now one line names the node, the
+    database and what to check, exit 1. (A read-only filesystem no longer stops it: it
+    serves read-only, tests/cluster/test_readonly_disk.py.)"""
     disk = tmp_path / "disk"
-    with tmpfs_disk(disk, 8):
-        db = MetaDB(disk / "db", sync=True, reserve_bytes=0)
-        db.write({b"a": b"1"}, True)
-        db.close()
-        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
-        proc = subprocess.run(
-            [sys.executable, "-m", "node.control", "--id", "c9", "--data", str(disk),
-             "--host", "127.0.0.1", "--port", str(free_port())],
-            env={**os.environ, "ECSTORE_SECRET": "s" * 32}, capture_output=True, text=True,
-            timeout=60)
+    db = MetaDB(disk / "db", sync=True, reserve_bytes=0)
+    db.write({b"a": b"1"}, True)
+    db.close()
+    (disk / "db" / "CURRENT").write_bytes(b"MANIFEST-999999")   # no newline, no such file
+    proc = subprocess.run(
+        [sys.executable, "-m", "node.control", "--id", "c9", "--data", str(disk),
+         "--host", "127.0.0.1", "--port", str(free_port())],
+        env={**os.environ, "ECSTORE_SECRET": "s" * 32}, capture_output=True, text=True,
+        timeout=60)
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     assert f"control node c9: cannot open its metadata database {disk / 'db'}: " \
-        "Read-only file system" in proc.stderr, proc.stderr
+        in proc.stderr and "check its disk" in proc.stderr, proc.stderr
