@@ -390,14 +390,16 @@ def unlisted_note(report: Any) -> str:
             "fragments were found on no other node: they may be there")
 
 
-async def finish_metadata_move(c: Client, dry_run: bool) -> Any:
-    """Move metadata records to the current control ring; once nothing failed, publish a
-    map without the previous control ring (readers stop asking the old places)."""
+async def finish_metadata_move(c: Client, dry_run: bool, force: bool = False) -> Any:
+    """Move metadata records to the current control ring; once nothing failed - or with
+    `force` whatever failed (a dead node's records: their other replicas hold them, and
+    repair makes the copies anew) - publish a map without the previous control ring
+    (readers stop asking the old places)."""
     from store.metamove import move_metadata
 
     report = await move_metadata(c, dry_run)
     cmap = await c.cluster_map(refresh=True)
-    if not dry_run and not report.failed and cmap.previous_control is not None:
+    if not dry_run and (force or not report.failed) and cmap.previous_control is not None:
         await c.publish_map(cmap.settled_control())
     return report
 
@@ -521,15 +523,11 @@ def _remove_node(a: argparse.Namespace) -> int:
                 if any(n.id == a.id for n in cmap.control.nodes):
                     await change_ring(c, "remove", argparse.Namespace(id=a.id, force=a.force))
                     await asyncio.sleep(MAP_TTL_S + 0.5)  # every client writes to the new ring
-                report = await finish_metadata_move(c, False)
+                # --force: a dead node - the ring settles without its records (else no
+                # rerun could ever end)
+                report = await finish_metadata_move(c, False, force=a.force)
                 summary.update(role="control", metadata=report.to_dict())
                 if report.failed and a.force:
-                    # a dead node: what it held has its other replicas - the ring settles
-                    # without it (else no rerun could ever end), and repair makes the
-                    # copies it had anew
-                    now = await c.cluster_map(refresh=True)
-                    if now.previous_control is not None:
-                        await c.publish_map(now.settled_control())
                     err.print(f"[yellow]warning:[/] {report.failed} metadata moves failed "
                               f"({'; '.join(report.errors[:3])}); the control ring is settled "
                               "without them (--force): run `ecstore repair` to give every "

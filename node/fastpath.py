@@ -54,6 +54,7 @@ from node import zerocopy
 from node.metrics import Observer
 from node.server import (
     CLIENT_CLOSED,
+    DRAIN_POLL_S,
     KEEPALIVE_TIMEOUT_S,
     MAX_BODY,
     MAX_HEADER_FIELD_BYTES,
@@ -81,7 +82,6 @@ SCRATCH_BYTES = 64 * 1024          # what a read takes when it is not a PUT body
 SMALL_BODY_BYTES = 64 * 1024       # a body this small goes out in one write with its head
 MAX_BUFFERED_BYTES = 1024 * 1024   # bytes read ahead while a request is answered: then pause
 SWEEP_EVERY_S = 5.0                # how often idle connections are looked for
-DRAIN_POLL_S = 0.02
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")   # an HTTP header name (RFC 9110)
 
 

@@ -959,8 +959,7 @@ class FragmentStore:
 
     def free_bytes(self) -> int:
         """Free bytes on the volumes' filesystem (an unprivileged user's)."""
-        st = os.statvfs(self.vdir)
-        return st.f_bavail * st.f_frsize
+        return disk_space(self.vdir)["disk_free_bytes"]
 
     def compactable(self) -> builtins.list[Volume]:
         """Volumes less than half live: those no longer appended to, and the one that is

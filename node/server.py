@@ -61,6 +61,7 @@ MAX_LINGERING_REFUSALS = 256       # past this, a refused connection is closed a
 REFUSAL_LOG_INTERVAL_S = 10.0      # at most one warning per interval while refusing
 FD_RESERVE = 256                   # descriptors kept for files, RocksDB and peers
 SHUTDOWN_TIMEOUT_S = 60.0          # in-flight requests get this long after SIGTERM
+DRAIN_POLL_S = 0.02                # how often a stopping node looks whether they are done
 KEEPALIVE_TIMEOUT_S = 75.0         # an idle keep-alive connection is closed after this
 LISTEN_BACKLOG = 128
 # aiohttp's request parser limits, named here (docs/LIMITS.md); over them: 400 with a reason
@@ -489,9 +490,6 @@ async def drain_requests(obs: Any, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while obs.in_flight > 0 and time.monotonic() < deadline:
         await asyncio.sleep(DRAIN_POLL_S)
-
-
-DRAIN_POLL_S = 0.02
 
 
 class HttpLog(logging.LoggerAdapter):

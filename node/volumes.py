@@ -428,11 +428,7 @@ def _failed_write(rd: _Reader, pos: int, end: int, size: int) -> bool:
         return False
     if 0 < hlen <= MAX_HEADER_BYTES:   # its prefix was written, then the magic unmarked
         return True
-    return not any(rd.get(pos, min(end - pos, FAILED_WRITE_ZERO_CHECK_BYTES))) and \
-        not any(rd.get(pos, end - pos))
-
-
-FAILED_WRITE_ZERO_CHECK_BYTES = 4096   # looked at first: most damage is not zeros
+    return not any(rd.get(pos, end - pos))
 
 
 def _next_record(rd: _Reader, pos: int, size: int, vol: Volume,
