@@ -45,6 +45,7 @@ from node.disk import ErrorTally, default_reserve_bytes, disk_full_problem, disk
 from store import listing
 from store.errors import EcstoreError, InsufficientStorage, Unavailable
 from store.listing import DELETED
+from store.names import SYSTEM_BUCKETS
 from store.wire import pack, unpack
 
 log = logging.getLogger("ecstore.metadb")
@@ -773,14 +774,58 @@ class GroupCommit:
         return outcomes
 
 
+# An object record that replaces a live version names it, with when (the new record's ts),
+# under REPLACED: [[version_id, replaced_at_ns], ...], newest first. gc keeps a replaced
+# version's fragments for its grace after that (store.gc.replaced_versions), not only after
+# the version's creation: a reader that opened the old version - an fsspec file, a training
+# worker mid-shard - reads on while someone overwrites or deletes the object. Bounded: at
+# most REPLACED_KEEP entries, none older than REPLACED_FOR_NS (a longer grace falls back to
+# the creation time). Not for the system buckets (their records name no object's fragments).
+REPLACED = "replaced"
+REPLACED_KEEP = 4
+REPLACED_FOR_NS = 24 * 3600 * 10**9
+_SYSTEM_PREFIXES = tuple(b"o" + name.encode() + b"\0" for name in SYSTEM_BUCKETS)
+
+
+def with_replaced(record: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
+    """`record` naming the live version `current` it replaces (and carrying what `current`
+    and `record` already name, bounded); `record` itself when that changes nothing."""
+    ts = record["ts"]
+    entries: list[list[Any]] = []
+    seen = {record["version_id"]}
+
+    def add(vid: Any, at: Any) -> None:
+        if (type(vid) is str and type(at) is int and vid not in seen
+                and at >= ts - REPLACED_FOR_NS and len(entries) < REPLACED_KEEP):
+            seen.add(vid)
+            entries.append([vid, at])
+    carried = [e for src in (record, current) for e in (src.get(REPLACED) or ())
+               if type(e) in (list, tuple) and len(e) == 2]
+    if not current.get("deleted"):
+        add(current.get("version_id"), ts)
+    for vid, at in sorted(carried, key=lambda e: e[1] if type(e[1]) is int else 0, reverse=True):
+        add(vid, at)
+    if entries == (record.get(REPLACED) or []):
+        return record
+    return {**record, REPLACED: entries}
+
+
 def newest(k: bytes, record: dict[str, Any], packed: bytes | None = None
            ) -> Mutation[tuple[bool, dict[str, Any]]]:
     """Store record unless a newer one is there; (applied, current). `packed`: the
-    record as it arrived, stored as it is (not packed a second time)."""
+    record as it arrived, stored as it is (not packed a second time) - unless it replaces
+    a live object record, which it then names (REPLACED above)."""
+    tracked = k[:1] == b"o" and not k.startswith(_SYSTEM_PREFIXES)
+
     def fn(view: View) -> tuple[bool, dict[str, Any]]:
         current = view.get(k)
         if current is not None and order(current) >= order(record):
             return False, current
+        if tracked and current is not None:
+            named = with_replaced(record, current)
+            if named is not record:
+                view.put(k, pack(named), named)
+                return True, named
         view.put(k, record if packed is None else packed, record)
         return True, record
     return fn

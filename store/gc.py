@@ -4,8 +4,10 @@ A fragment is garbage iff its version is not the version of any live record AND 
 version is older than the grace period (its creation time is in the version id). That
 one rule covers the fragments of puts that never committed, of overwritten versions
 and of deleted objects; a put still in flight is younger than the grace, so it is kept.
-The versions a tiering move replaced count as live while the move is younger than the
-grace (`replaced_by_move`): a reader that started on them reads on.
+The versions a record replaced - an overwrite, a delete (`replaced_recently`: each control
+node names them in the record it stores, node.metadb.REPLACED) or a tiering move
+(`replaced_by_move`) - count as live while the replacement is younger than the grace: a
+reader that started on them reads on.
 
 Ordering matters (see `prepare_gc`): the fragment listings are gathered FIRST, then the
 clock is read, then the records of running puts, then the live records. Any version
@@ -72,7 +74,7 @@ from store.names import PARTS_BUCKET, PUTS_BUCKET, SYSTEM_BUCKETS, UPLOADS_BUCKE
 from store.striping import fragment_id, record_extents
 from store.transport import quote_key
 from store.wire import pack, unpack
-from store.workers import WorkReport, all_listings, live_records
+from store.workers import MAX_PARALLEL_HEADS, WorkReport, all_listings, live_records
 
 DEFAULT_GRACE_S = 3600.0
 FRAGMENT_BATCH = 64
@@ -116,6 +118,20 @@ def replaced_by_move(record: Mapping[str, Any], cutoff_ns: int) -> list[str]:
     if not record.get("tiered_from") or version_time_ns(record["version_id"]) < cutoff_ns:
         return []
     return list(record.get("tiered_from_versions") or [record["tiered_from"]])
+
+
+def replaced_recently(record: Mapping[str, Any], cutoff_ns: int) -> list[str]:
+    """The versions this record (live or a tombstone) replaced within the grace - the
+    control node names them in the record (node.metadb.REPLACED): kept as if live, so a
+    reader that opened one before the overwrite or delete reads to its end. By creation
+    time alone, an overwritten version older than the grace went at the next gc (until
+    the twenty-eighth session)."""
+    out = []
+    for entry in record.get("replaced") or ():
+        if (isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], str)
+                and isinstance(entry[1], int) and entry[1] >= cutoff_ns):
+            out.append(entry[0])
+    return out
 
 
 def cutoff(now_ns: int, grace_s: float) -> int:
@@ -324,6 +340,25 @@ async def control_scan(c: Client, cmap: ClusterMap, needed_by: str = "garbage co
     return {n.id: s for n, s in zip(nodes, scans)}
 
 
+async def deleted_recently(c: Client, scan: Mapping[str, Mapping[tuple[str, str], Mapping[str, Any]]],
+                           cutoff_ns: int) -> set[str]:
+    """The versions deleted within the grace (`replaced_recently` of each tombstone younger
+    than it, read whole: a listing row does not carry what it replaced)."""
+    young = sorted({bk for rows in scan.values() for bk, r in rows.items()
+                    if r.get("deleted") and bk[0] not in SYSTEM_BUCKETS
+                    and int(r.get("ts") or 0) >= cutoff_ns})
+    sem = asyncio.Semaphore(MAX_PARALLEL_HEADS)
+    out: set[str] = set()
+
+    async def one(bucket: str, key: str) -> None:
+        async with sem:
+            rec = await c.read_record(bucket, key, read_repair=False)
+        if rec is not None:
+            out.update(replaced_recently(rec, cutoff_ns))
+    await asyncio.gather(*(one(b, k) for b, k in young))
+    return out
+
+
 class GcWorker:
     """Deletes one batch of garbage fragments (then of strays), then forgets one batch of
     orphan part records, then checks one batch of tombstones, per step()."""
@@ -494,6 +529,8 @@ async def prepare_gc(c: Client, grace_s: float = DEFAULT_GRACE_S,
         live.update(e.version_id for e in record_extents(rec))
         homes.update(record_homes(cmap, rec))
         replaced.update(replaced_by_move(rec, limit))
+        replaced.update(replaced_recently(rec, limit))
+    replaced.update(await deleted_recently(c, scan, limit))
     replaced -= live
     garbage = plan_fragment_gc(live | replaced, listings, now_ns, grace_s)
     strays = plan_stray_gc(homes, listings, now_ns, grace_s)

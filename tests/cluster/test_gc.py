@@ -411,3 +411,76 @@ def test_a_put_that_told_gc_it_runs_keeps_its_fragments_whatever_the_grace(
     gc_json(cluster, "--grace", "3600")
     told = asyncio.run(intent())
     assert told is not None and told["deleted"]
+
+
+def test_an_overwritten_or_deleted_version_is_kept_for_the_grace_after(
+        cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A version overwritten or deleted is kept for gc's grace after that, not only after
+    its creation: a reader that opened it before - an fsspec file, a worker mid-shard -
+    reads on. By creation time alone, gc took a version written more than a grace ago at
+    once when it was overwritten, and every read of it in flight failed. gc's clock is set
+    (a fifth of a second after the overwrite, then past the grace), so a slow machine
+    cannot age the overwrite before gc looks."""
+    from types import SimpleNamespace
+
+    from store import gc as store_gc
+    from store.wire import unpack
+    grace_s = 0.5
+
+    def gc_at(now_ns: int) -> None:
+        clock = SimpleNamespace(**{n: getattr(time, n) for n in dir(time) if not n.startswith("_")})
+        clock.time_ns = lambda: now_ns
+        monkeypatch.setattr(store_gc, "time", clock)
+
+    async def replicas(c: Client, key: str) -> list[dict[str, Any] | None]:
+        out = []
+        for node in (await c.cluster_map()).control_nodes_for(f"gc-after/{key}"):
+            r = await c.t.request("GET", node.address, f"/v1/objects/gc-after/{key}", ok_404=True)
+            out.append(None if r.status == 404 else unpack(r.body))
+        return out
+
+    async def settled(c: Client, key: str, version_id: str) -> dict[str, Any]:
+        """Every replica holds that version (else the old one is live for gc anyway)."""
+        for _ in range(200):
+            held = await replicas(c, key)
+            if all(r is not None and r["version_id"] == version_id for r in held):
+                return held[0]  # type: ignore[return-value]
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"not every replica holds {key} {version_id}")
+
+    async def read_whole(c: Client, rec: dict[str, Any]) -> bytes:
+        return b"".join([bytes(p) async for p in c.get_stream("gc-after", rec["key"], record=rec)])
+
+    async def go() -> None:
+        async with Client.connect(cluster.path) as c:
+            await c.create_bucket("gc-after")
+            first, doomed, second = (os.urandom(6 * 1024 * 1024 + i) for i in range(3))
+            await c.put("gc-after", "over", first)
+            await c.put("gc-after", "gone", doomed)
+            old = {k: {**await c.live_record("gc-after", k), "key": k} for k in ("over", "gone")}
+            await asyncio.sleep(grace_s + 0.5)       # both versions older than the grace
+            reader = c.get_stream("gc-after", "over")
+            got = [bytes(await anext(reader))]
+            await c.put("gc-after", "over", second)
+            await c.delete("gc-after", "gone")
+            new = await settled(c, "over", (await c.live_record("gc-after", "over"))["version_id"])
+            tomb = await settled(c, "gone", (await c.read_record("gc-after", "gone"))["version_id"])
+            assert new["replaced"][0][0] == old["over"]["version_id"], new
+            assert tomb["deleted"] and tomb["replaced"][0][0] == old["gone"]["version_id"], tomb
+
+            gc_at(max(new["ts"], tomb["ts"]) + 200_000_000)
+            kept = await (await store_gc.prepare_gc(c, grace_s)).run()
+            fragments = sum(r["segments"] * (r["k"] + r["m"]) for r in old.values())
+            assert kept.kept_young >= fragments, kept
+            got += [bytes(p) async for p in reader]
+            assert b"".join(got) == first
+            assert await read_whole(c, old["over"]) == first
+            assert await read_whole(c, old["gone"]) == doomed
+
+            gc_at(max(new["ts"], tomb["ts"]) + int((grace_s + 1.0) * 1e9))   # past the grace
+            gone = await (await store_gc.prepare_gc(c, grace_s)).run()
+            assert gone.fragments_deleted >= fragments, gone
+            assert not of_version(cluster, old["over"]["version_id"])
+            assert not of_version(cluster, old["gone"]["version_id"])
+            assert await c.get("gc-after", "over") == second
+    asyncio.run(go())
