@@ -643,7 +643,7 @@ async def cmd_repair(c: Client, a: argparse.Namespace) -> int:
 
 
 async def _repair(c: Client, a: argparse.Namespace, state: Path) -> int:
-    from store.repair import prepare_repair
+    from store.repair import prepare_repair, tell_repaired
 
     if a.restart:
         state.unlink(missing_ok=True)
@@ -660,6 +660,7 @@ async def _repair(c: Client, a: argparse.Namespace, state: Path) -> int:
                 err.is_terminal and not a.json)
     worker.report.seconds = time.monotonic() - worker.limiter.start
     worker.finish()
+    await tell_repaired(c, worker)
     rep = worker.report.to_dict()
     rep["metadata"] = metadata
     if a.json:
@@ -676,6 +677,9 @@ async def _repair(c: Client, a: argparse.Namespace, state: Path) -> int:
                          rep["metadata"]["copied"]),
                         ("metadata failed", rep["metadata"]["failed"])],
                      rep["metadata"]["errors"])
+        for node_id, volumes in sorted(rep["damage_cleared"].items()):
+            out.print(f"{node_id}: rewriting {', '.join(volumes)} without the damaged bytes "
+                      "its status named (what they held is rebuilt)", highlight=False)
         for name in rep["unrecoverable"]:
             out.print(f"[red]unrecoverable:[/] {name}", highlight=False)
         for e in rep["errors"]:

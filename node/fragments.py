@@ -237,7 +237,10 @@ class FragmentStore:
         # volume files not opened (a header unreadable or not a volume's): compaction keeps
         # every tombstone while there are any
         self.unopened: list[str] = []
-        t0 = time.monotonic()
+        # volumes to rewrite without their damaged bytes (a repair since the open rebuilt
+        # what was in them: damage_repaired): compacted first, whatever their live share
+        self._rewrite: set[int] = set()
+        t0 = self.opened_at = time.monotonic()
         self.open_volumes()
         migrated = self._migrate_files()
         self.quarantined = (sum(1 for _ in self.quarantine.iterdir())
@@ -965,19 +968,50 @@ class FragmentStore:
         """Volumes less than half live: those no longer appended to, and the one that is
         once it holds a quarter of a volume's size or an eighth of the disk, whichever is
         less (a disk that fills before its volume does gets the space of deletions back
-        too; one smaller than a quarter volume would never have)."""
+        too; one smaller than a quarter volume would never have). And first, any volume
+        to rewrite without its damaged bytes (damage_repaired)."""
         with self._lock:
             if not self._volumes:   # a read-only filesystem with none on it
                 return []
             active = max(self._volumes)
+            rewrite = self._rewrite
             found = [v for vid, v in sorted(self._volumes.items())
-                     if v.live_bytes < (v.end - VOLUME_HEADER.size) * COMPACT_LIVE_FRACTION
-                     and (vid != active or v.end >= self.compact_active_bytes)
-                     and not v.damaged]
+                     if vid in rewrite
+                     or (v.live_bytes < (v.end - VOLUME_HEADER.size) * COMPACT_LIVE_FRACTION
+                         and (vid != active or v.end >= self.compact_active_bytes)
+                         and not v.damaged)]
         # the most space back per byte copied first: on a disk short of space the oldest
         # volume came first whatever it cost, and one whose live records did not fit was
         # tried again and again while another would have freed space for it
-        return sorted(found, key=lambda v: v.live_bytes / max(1, v.end - VOLUME_HEADER.size))
+        return sorted(found, key=lambda v: (v.vid not in rewrite,
+                                            v.live_bytes / max(1, v.end - VOLUME_HEADER.size)))
+
+    def damage_repaired(self) -> builtins.list[str]:
+        """A repair whose listing of this node was taken after its volumes were opened has
+        rebuilt the fragments lost in the bytes the open passed over (`damaged_bytes`):
+        status stops naming them, each volume holding some is rewritten without them
+        (compaction, first in line: its live records copied out, the file deleted), and a
+        volume with no valid header, never opened, is deleted. Until the twenty-eighth
+        session nothing took the damage away: status named it after every repair and every
+        restart. Volumes the disk cannot read (EIO, `unreadable`) are not touched: the disk
+        is failing. Returns the volume files it cleared."""
+        with self._lock:
+            paths = sorted(p for p in self.damaged_bytes if p not in self.unreadable)
+            opened = {v.path: v for v in self._volumes.values()}
+            for path in paths:
+                del self.damaged_bytes[path]
+                vol = opened.get(path)
+                if vol is not None and not self.read_only:
+                    self._rewrite.add(vol.vid)
+        for path in paths:
+            if path not in opened and path in self.unopened and not self.read_only:
+                log.warning("volume %s (no valid header) deleted: a repair since the node "
+                            "opened rebuilt what it held", path)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                with self._lock:
+                    self.unopened.remove(path)
+        return paths
 
     def compact(self, max_volumes: int | None = None,
                 pace: Callable[[int], None] | None = None) -> CompactResult:
@@ -1011,8 +1045,9 @@ class FragmentStore:
             if blocked and not done:
                 v, free = min(blocked, key=lambda b: b[0].live_bytes)
                 self.compaction_blocked = (
-                    f"volume compaction cannot run: {len(blocked)} volume(s) are mostly dead "
-                    f"bytes, and the one with the fewest live bytes to copy "
+                    f"volume compaction cannot run: {len(blocked)} volume(s) wait for it "
+                    f"(mostly dead bytes, or damaged bytes a repair has rebuilt), and the "
+                    f"one with the fewest live bytes to copy "
                     f"({os.path.basename(v.path)}: {v.live_bytes}) needs more than the "
                     f"{free} free - their {sum(b.end - b.live_bytes for b, _ in blocked)} "
                     "dead bytes stay until space is freed (delete objects and run "
@@ -1056,6 +1091,7 @@ class FragmentStore:
                           vol.path, vol.live_bytes)
                 return
             del self._volumes[vol.vid]
+            self._rewrite.discard(vol.vid)
         os.unlink(vol.path)
         out.volumes += 1
         out.bytes_freed += vol.end

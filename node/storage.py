@@ -60,7 +60,7 @@ from node.server import (
     secret_from_env,
 )
 from store.auth import CHECKSUM_HEADER
-from store.errors import Unavailable
+from store.errors import BadRequest, Unavailable
 from store.transport import retrieved
 from store.wire import FRAGMENT_CRC_HEADER as CRC_HEADER
 from store.wire import FRAGMENT_META_HEADER as META_HEADER
@@ -100,6 +100,7 @@ CONFIG = web.AppKey("config", StorageConfig)
 SCRUB_STATS = web.AppKey("scrub_stats", ScrubStats)
 SCRUB_NOW_LOCK = web.AppKey("scrub_now_lock", asyncio.Lock)
 COMPACTIONS = web.AppKey("compactions", list)   # [volumes compacted since start]
+COMPACT_NOW = web.AppKey("compact_now", asyncio.Event)   # set: look for volumes to compact now
 SENDFILE_MIN_BYTES = 64 * 1024   # smaller records: one read and one write cost less
 
 
@@ -409,7 +410,8 @@ async def status(request: web.Request) -> web.Response:
                             f"bytes of {len(store.damaged_bytes)} volume(s) when it opened them "
                             f"({', '.join(sorted(os.path.basename(v) for v in store.damaged_bytes))}"
                             "): records whose checks fail, their fragments missing here - run "
-                            "`ecstore repair`, which rebuilds them; said until the node restarts",
+                            "`ecstore repair`, which rebuilds them; said until a repair without "
+                            "failures has run (the volumes are then rewritten without them)",
                             store.compaction_blocked,
                             store.compaction_errors.recent() and
                             f"volume compaction failed ({store.compaction_errors.summary()}): "
@@ -435,6 +437,28 @@ async def scrub(request: web.Request) -> web.Response:
         r = await _in_thread(scrub_now, request.app[STORE], request.app[SCRUB_STATS])
     return web.json_response({"checked": r.checked, "bytes_checked": r.bytes_checked,
                               "corrupt": r.corrupt})
+
+
+async def repaired(request: web.Request) -> web.Response:
+    """POST /v1/repaired?listed_s_ago=S: `ecstore repair` finished a whole pass without a
+    failure, with this node's fragment listing taken S seconds ago - so it rebuilt every
+    fragment the volumes' damaged bytes held, if it listed the node after they were
+    opened. Then status stops naming that damage and the volumes are rewritten without it
+    (FragmentStore.damage_repaired). Answers the volume files cleared."""
+    try:
+        ago = float(request.query.get("listed_s_ago", ""))
+    except ValueError:
+        raise BadRequest("listed_s_ago must be a number of seconds") from None
+    if not (0 <= ago < 10 * 86400):
+        raise BadRequest("listed_s_ago must be between 0 and 864000 seconds")
+    store = request.app[STORE]
+    if time.monotonic() - ago < store.opened_at:
+        return web.json_response({"cleared": [], "why": "the listing was taken before the "
+                                  "node opened its volumes"})
+    cleared = await _in_thread(store.damage_repaired)
+    if cleared:
+        request.app[COMPACT_NOW].set()
+    return web.json_response({"cleared": [os.path.basename(p) for p in cleared]})
 
 
 async def health(request: web.Request) -> web.Response:
@@ -539,9 +563,11 @@ def paced(rate_mb_s: float) -> Callable[[int], None]:
 async def compact_loop(app: web.Application) -> None:
     """Compact volumes that are less than half live, one at a time, every interval, at
     no more than the configured rate."""
-    store, cfg = app[STORE], app[CONFIG]
+    store, cfg, now = app[STORE], app[CONFIG], app[COMPACT_NOW]
     while True:
-        await asyncio.sleep(cfg.compact_interval_s)
+        with contextlib.suppress(TimeoutError):   # or at once: volumes to rewrite (repaired)
+            await asyncio.wait_for(now.wait(), cfg.compact_interval_s)
+        now.clear()
         if not store.compactable():
             store.compaction_blocked = None   # what blocked it is gone (or became live)
             continue
@@ -597,6 +623,7 @@ def make_app(config: StorageConfig) -> web.Application:
             await task
 
     app[COMPACTIONS] = [0]
+    app[COMPACT_NOW] = asyncio.Event()
     app[SENDS] = SendStats()
     app[FAST] = FastPath(app, FragmentRoutes(lambda: (app[STORE], app[PUTS], app[SENDS]),
                                              fragment_headers, SENDFILE_MIN_BYTES))
@@ -610,6 +637,7 @@ def make_app(config: StorageConfig) -> web.Application:
         web.get("/v1/fragments", list_fragments),
         web.get("/v1/quarantine", list_quarantine),
         web.post("/v1/scrub", scrub),
+        web.post("/v1/repaired", repaired),
         web.put(fid, put_fragment),
         web.get(fid, get_fragment, allow_head=False),
         web.head(fid, head_fragment),

@@ -7,6 +7,8 @@ request per fragment; a quarantined fragment is not listed, so it counts as miss
 """
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,6 +90,8 @@ class RepairReport(WorkReport):
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
     unlisted: list[str] = field(default_factory=list)   # storage nodes not checked: down
+    # volume files each storage node rewrites without their damaged bytes (tell_repaired)
+    damage_cleared: dict[str, list[str]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {**super().to_dict(), "rebuilt_mb_s": self.mb_s(self.bytes_rebuilt)}
@@ -107,6 +111,7 @@ class RepairWorker:
         self.todo = [r for r in records if (r[0], r[1]) > done_upto]
         self.skipped = len(records) - len(self.todo)
         self.report = RepairReport()
+        self.listed_at = time.monotonic()   # when the listings were asked for (prepare_repair)
 
     def finish(self) -> None:
         self.checkpoint.finish()
@@ -186,8 +191,34 @@ async def prepare_repair(c: Client, dry_run: bool = False, rate_mb_s: float = 0.
     # and the parts of uploads in progress: acknowledged, complete names them later
     records = sorted(records + await part_extent_records(c, read_repair=False),
                      key=lambda r: (r[0], r[1]))     # the checkpoint's order
+    listed_at = time.monotonic()
     listings, errors = await all_listings(c, cmap.all_storage_nodes())
     worker = RepairWorker(c, cmap, listings, records, dry_run, rate_mb_s, state_path)
+    worker.listed_at = listed_at
     worker.report.errors += errors
     worker.report.unlisted = sorted(n.id for n in cmap.all_storage_nodes() if n.id not in listings)
     return worker
+
+
+async def tell_repaired(c: Client, worker: RepairWorker) -> None:
+    """After a whole pass (not resumed, not a dry run) without a failure: tell each storage
+    node listed that every fragment missing from its listing was rebuilt, so one that
+    passed over damaged bytes when it opened its volumes stops naming them in its status
+    and rewrites the volumes without them (POST /v1/repaired). A node that does not answer
+    is noted in the report's errors and keeps saying so until the next repair."""
+    r = worker.report
+    if (worker.dry_run or worker.skipped or r.failed or r.unrecoverable or r.unlisted
+            or not worker.listings):
+        return
+    for node in worker.cmap.all_storage_nodes():
+        if node.id not in worker.listings:
+            continue
+        try:
+            reply = await c.t.request("POST", node.address, "/v1/repaired", timeout_s=30,
+                                      query={"listed_s_ago": f"{time.monotonic() - worker.listed_at:.3f}"})
+        except EcstoreError as exc:
+            r.errors.append(f"{node.id}: not told the repair finished: {exc.message}")
+            continue
+        cleared = json.loads(reply.body).get("cleared") or []
+        if cleared:
+            r.damage_cleared[node.id] = cleared

@@ -190,6 +190,31 @@ def test_a_damaged_header_loses_only_its_record(tmp_path: Path) -> None:
     run(tmp_path, body)
 
 
+def test_once_repaired_damaged_volumes_are_rewritten_and_a_headerless_one_deleted(
+        tmp_path: Path) -> None:
+    """damage_repaired (a repair listed the node after it opened): the bytes passed over
+    are no longer named, the volume holding them is compacted first whatever its live
+    share, a volume with no valid header is deleted - and a reopen finds no damage (before,
+    the same bytes were found at every open)."""
+    s = FragmentStore(tmp_path, fsync=True, reserve_bytes=0)
+    want = {f"r{i}.0.0": put(s, f"r{i}.0.0") for i in range(6)}
+    flip_header_byte(s, "r2.0.0")
+    del want["r2.0.0"]
+    [vol] = volume_files(tmp_path)
+    bogus = vol.with_name("000999.vol")
+    bogus.write_bytes(random.Random(1).randbytes(8192))     # not a volume's header
+    s2 = reopen(s)
+    assert set(s2.damaged_bytes) == {str(vol), str(bogus)}
+    assert s2.compactable() == []                      # mostly live: not compacted
+    assert sorted(s2.damage_repaired()) == sorted([str(vol), str(bogus)])
+    assert s2.damaged_bytes == {} and not bogus.exists() and s2.unopened == []
+    assert [v.path for v in s2.compactable()] == [str(vol)]
+    assert s2.compact().volumes == 1 and not vol.exists()
+    assert contents(s2) == want
+    s3 = reopen(s2)
+    assert s3.damaged_bytes == {} and contents(s3) == want
+
+
 def test_a_body_cannot_forge_a_record(tmp_path: Path) -> None:
     """Resyncing after a damaged header searches for the next record; a fragment body
     that holds a record image (here a complete, well-formed one for "victim.0.0" with the
