@@ -5,6 +5,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -495,7 +496,7 @@ def cmd_remove_node(a: argparse.Namespace) -> int:
 
 
 def _remove_node(a: argparse.Namespace) -> int:
-    from cli.main import err
+    from cli.main import err, human
     from store.cluster import ClusterInfo
     from store.rebalance import prepare_rebalance
 
@@ -591,8 +592,14 @@ def _remove_node(a: argparse.Namespace) -> int:
                              "held, then run this command again"),
                           **summary, drained=False)
     summary["drained"] = True
+    data_dir = Path(cluster.nodes[a.id].data)
     cluster.forget_node(a.id)
-    err.print(f"drained and stopped {a.id}")
+    left = dir_bytes(data_dir)
+    summary.update(data_dir=str(data_dir), data_bytes_left=left)
+    what = ("fragments of versions no object names now" if role == "storage"
+            else "records other control nodes hold now")
+    err.print(f"drained and stopped {a.id}; its data directory {data_dir} ({human(left)}: "
+              f"{what}) is kept - delete it when you no longer want it", highlight=False)
     if a.json:
         print(json.dumps(summary, indent=2))
     return 0
@@ -667,3 +674,13 @@ def register(sub: Any, with_client: Any) -> None:
 
 
 __all__ = ["register", "change_ring", "Path"]
+
+
+def dir_bytes(path: Path) -> int:
+    """The bytes of the files under path (0 if it is gone)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total

@@ -159,6 +159,8 @@ def test_drain_a_node_loses_nothing_and_empties_it(cluster: LocalCluster,
                               "s4", "--json").stdout)
     assert load.errors == []
     assert (done["id"], done["role"], done["failed"]) == ("s4", "storage", 0)
+    # what is left in its directory (the dead versions' volume bytes, headers) is named
+    assert done["data_dir"] == str(cluster.dir / "s4") and done["data_bytes_left"] > 0
     assert done["moved"] >= moving and done["bytes_moved"] > 0 and done["passes"] >= 1
     assert fragments_on_disk(cluster.dir / "s4") == {}
     # what rebalance moved is written uncached where the kernel takes it (the load's
