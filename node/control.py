@@ -28,6 +28,7 @@ from node.logs import log_event, log_step, request_log
 from node.metadb import (
     CLOCK_AHEAD_NOTE_S,
     MAP_KEY,
+    REPLACED,
     SUMMARIES_KEY,
     GroupCommit,
     MetaDB,
@@ -274,12 +275,14 @@ MAX_DELIMITER_BYTES = MAX_ROLLED_DELIMITER_BYTES   # what the client pushes down
 
 
 def list_page(db: MetaDB, bucket: str, prefix: str, after: str, limit: int, delimiter: str,
-              full: bool = False, rows: bool = False) -> dict[str, Any]:
+              full: bool = False, rows: bool = False, replaced: bool = False) -> dict[str, Any]:
     """A sorted page of object records (tombstones included: the client merge drops them).
     With a delimiter (and not `full`), each common prefix is cut short at its first live
     record (MetaDB.scan_listed) and the reply says where to resume. `full`: whole records,
     for moving metadata; else what a listing shows - as maps ("records"), or with `rows`
-    as lists in ROW_FIELDS order ("rows": a third of the bytes, cheaper both ends)."""
+    as lists in ROW_FIELDS order ("rows": a third of the bytes, cheaper both ends).
+    `replaced` (gc's scan): maps of what a listing shows and each record's REPLACED -
+    whole records are read for it."""
     if len(delimiter.encode()) > MAX_DELIMITER_BYTES:
         raise BadRequest(f"delimiter longer than {MAX_DELIMITER_BYTES} bytes")
     base = object_key(bucket, "")
@@ -288,6 +291,10 @@ def list_page(db: MetaDB, bucket: str, prefix: str, after: str, limit: int, deli
     if full:
         records, truncated = db.scan(start, since, limit)
         reply["records"] = [{**r, "key": k[len(base):].decode()} for k, r in records]
+    elif replaced:
+        records, truncated = db.scan(start, since, limit)
+        reply["records"] = [{**{f: r.get(f) for f in ROW_FIELDS[1:]}, "key": k[len(base):].decode(),
+                             REPLACED: r.get(REPLACED)} for k, r in records]
     else:
         listed, truncated, resume = db.scan_listed(start, since, limit, len(start),
                                                    delimiter.encode())
@@ -316,7 +323,8 @@ def list_reply(db: MetaDB, bucket: str, query: Mapping[str, str]) -> bytes:
     return pack(list_page(
         db, check_bucket_name(bucket, system_ok=True), query.get("prefix", ""),
         query.get("after", ""), int_param(query.get("limit"), "limit", 1000, MAX_SCAN_LIMIT),
-        query.get("delimiter", ""), query.get("full") == "1", query.get("rows") == "1"))
+        query.get("delimiter", ""), query.get("full") == "1", query.get("rows") == "1",
+        query.get("replaced") == "1"))
 
 
 ACCESS_HISTORY_MINUTES = 24 * 60   # read counts are kept per minute for this long

@@ -38,6 +38,7 @@ import functools
 import itertools
 import logging
 import os
+import secrets
 import sys
 import threading
 import time
@@ -240,7 +241,10 @@ class FragmentStore:
         # volumes to rewrite without their damaged bytes (a repair since the open rebuilt
         # what was in them: damage_repaired): compacted first, whatever their live share
         self._rewrite: set[int] = set()
-        t0 = self.opened_at = time.monotonic()
+        # this run's: a listing carries it, and a repair's word that it rebuilt what a
+        # listing lacked counts only if the listing came from this run (damage_repaired)
+        self.open_id = secrets.token_hex(8)
+        t0 = time.monotonic()
         self.open_volumes()
         migrated = self._migrate_files()
         self.quarantined = (sum(1 for _ in self.quarantine.iterdir())
@@ -976,7 +980,7 @@ class FragmentStore:
             active = max(self._volumes)
             rewrite = self._rewrite
             found = [v for vid, v in sorted(self._volumes.items())
-                     if vid in rewrite
+                     if (vid in rewrite and v.path not in self.unreadable)
                      or (v.live_bytes < (v.end - VOLUME_HEADER.size) * COMPACT_LIVE_FRACTION
                          and (vid != active or v.end >= self.compact_active_bytes)
                          and not v.damaged)]
@@ -987,31 +991,44 @@ class FragmentStore:
                                             v.live_bytes / max(1, v.end - VOLUME_HEADER.size)))
 
     def damage_repaired(self) -> builtins.list[str]:
-        """A repair whose listing of this node was taken after its volumes were opened has
-        rebuilt the fragments lost in the bytes the open passed over (`damaged_bytes`):
-        status stops naming them, each volume holding some is rewritten without them
-        (compaction, first in line: its live records copied out, the file deleted), and a
-        volume with no valid header, never opened, is deleted. Until the twenty-eighth
-        session nothing took the damage away: status named it after every repair and every
-        restart. Volumes the disk cannot read (EIO, `unreadable`) are not touched: the disk
-        is failing. Returns the volume files it cleared."""
+        """A repair whose listing came from this run of the node (`open_id`: after its
+        volumes were opened) has rebuilt the fragments lost in the bytes the open passed over
+        (`damaged_bytes`): status stops naming them, and each volume holding some is
+        rewritten without them (compaction, first in line: its live records copied out, the
+        file deleted); a volume with no valid header, never opened, is renamed
+        `NNNNNN.vol.damaged` - out of the way, kept for a look (a newer version's volume, a
+        header page alone damaged), deleted by hand. Until the twenty-eighth session nothing
+        took the damage away: status named it after every repair and every restart.
+        Volumes the disk cannot read (EIO, `unreadable`) are not touched: the disk is
+        failing. Nothing changes on a node that cannot write (read-only, a failed write):
+        the damage would be found again at its next start. Returns the files cleared."""
+        if self.read_only or self.write_failure is not None:
+            return []
         with self._lock:
             paths = sorted(p for p in self.damaged_bytes if p not in self.unreadable)
             opened = {v.path: v for v in self._volumes.values()}
-            for path in paths:
-                del self.damaged_bytes[path]
-                vol = opened.get(path)
-                if vol is not None and not self.read_only:
-                    self._rewrite.add(vol.vid)
+        cleared = []
         for path in paths:
-            if path not in opened and path in self.unopened and not self.read_only:
-                log.warning("volume %s (no valid header) deleted: a repair since the node "
-                            "opened rebuilt what it held", path)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-                with self._lock:
+            if path not in opened:
+                try:
+                    os.rename(path, path + ".damaged")
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    log.error("volume %s (no valid header): not renamed (%s); said again",
+                              path, exc.strerror)
+                    continue
+                log.warning("volume %s had no valid header: renamed %s.damaged (a repair "
+                            "since the node opened rebuilt what it held) - delete it when "
+                            "you no longer want it", path, os.path.basename(path))
+            with self._lock:
+                self.damaged_bytes.pop(path, None)
+                if path in opened:
+                    self._rewrite.add(opened[path].vid)
+                elif path in self.unopened:
                     self.unopened.remove(path)
-        return paths
+            cleared.append(path)
+        return cleared
 
     def compact(self, max_volumes: int | None = None,
                 pace: Callable[[int], None] | None = None) -> CompactResult:
@@ -1069,6 +1086,7 @@ class FragmentStore:
                       "kept as it is, never compacted", vol.path, unreadable)
             vol.damaged = True
             self.unreadable[vol.path] = unreadable
+            self._rewrite.discard(vol.vid)   # else it came first at every try, for ever
             return
         live: builtins.list[tuple[str, Loc]] = []
         tombs: builtins.list[tuple[str, Loc]] = []
@@ -1089,6 +1107,7 @@ class FragmentStore:
             if vol.live_bytes != 0:     # never expected: keep the volume, say so
                 log.error("not deleting %s: %d live bytes left in it after compaction",
                           vol.path, vol.live_bytes)
+                self._rewrite.discard(vol.vid)
                 return
             del self._volumes[vol.vid]
             self._rewrite.discard(vol.vid)

@@ -46,7 +46,8 @@ from store import listing
 from store.errors import EcstoreError, InsufficientStorage, Unavailable
 from store.listing import DELETED
 from store.names import SYSTEM_BUCKETS
-from store.wire import pack, unpack
+from store.striping import record_extents
+from store.wire import MAX_RECORD_BYTES, pack, unpack
 
 log = logging.getLogger("ecstore.metadb")
 
@@ -774,37 +775,71 @@ class GroupCommit:
         return outcomes
 
 
-# An object record that replaces a live version names it, with when (the new record's ts),
-# under REPLACED: [[version_id, replaced_at_ns], ...], newest first. gc keeps a replaced
-# version's fragments for its grace after that (store.gc.replaced_versions), not only after
-# the version's creation: a reader that opened the old version - an fsspec file, a training
-# worker mid-shard - reads on while someone overwrites or deletes the object. Bounded: at
-# most REPLACED_KEEP entries, none older than REPLACED_FOR_NS (a longer grace falls back to
-# the creation time). Not for the system buckets (their records name no object's fragments).
+# An object record that replaces a live version names the versions whose fragments that
+# version read from - its own id, each multipart part's, and those a tiering move of it had
+# replaced - with when (the new record's ts), under REPLACED: [[version_id, replaced_at_ns],
+# ...], newest first. gc keeps them for its grace after that (store.gc.replaced_recently),
+# not only after their creation: a reader that opened the old version - an fsspec file, a
+# training worker mid-shard - reads on while someone overwrites or deletes the object. Each
+# control node writes what it held before: the replicas of one version may name different
+# versions, and gc takes every replica's (its scan asks for them, `replaced=1` on a listing).
+# Bounded: none older than REPLACED_FOR_NS, at most REPLACED_KEEP (past it the versions
+# created last go first - the creation-time rule keeps those the longest), and none at all
+# when the record would pass MAX_RECORD_BYTES; a longer grace, or a version dropped, falls
+# back to its creation time. Not for system buckets (their records name no object's
+# fragments that a reader holds) or inline objects (a reader holds the bytes).
 REPLACED = "replaced"
-REPLACED_KEEP = 4
+REPLACED_KEEP = 4096
 REPLACED_FOR_NS = 24 * 3600 * 10**9
 _SYSTEM_PREFIXES = tuple(b"o" + name.encode() + b"\0" for name in SYSTEM_BUCKETS)
 
 
+def _created_ns(version_id: str) -> int:
+    """A version id's creation time (its first 16 hex digits), 0 if it has none."""
+    try:
+        return int(version_id[:16], 16)
+    except ValueError:
+        return 0
+
+
+def read_versions(record: dict[str, Any]) -> list[tuple[str, int | None]]:
+    """The versions a reader of `record` reads fragments of, each with when a tiering move
+    replaced it (None: the record's own) - none for a tombstone or an inline object."""
+    if record.get("deleted") or record.get("inline") is not None:
+        return []
+    out: list[tuple[str, int | None]] = [
+        (e.version_id, None) for e in record_extents(record)] if record.get("size") is not None \
+        else [(record["version_id"], None)]
+    if record.get("tiered_from"):
+        moved = _created_ns(record["version_id"])
+        out += [(v, moved) for v in record.get("tiered_from_versions") or [record["tiered_from"]]
+                if type(v) is str]
+    return out
+
+
 def with_replaced(record: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
-    """`record` naming the live version `current` it replaces (and carrying what `current`
+    """`record` naming the versions the live `current` read from (and carrying what `current`
     and `record` already name, bounded); `record` itself when that changes nothing."""
     ts = record["ts"]
-    entries: list[list[Any]] = []
-    seen = {record["version_id"]}
+    found: dict[str, int] = {}
 
     def add(vid: Any, at: Any) -> None:
-        if (type(vid) is str and type(at) is int and vid not in seen
-                and at >= ts - REPLACED_FOR_NS and len(entries) < REPLACED_KEEP):
-            seen.add(vid)
-            entries.append([vid, at])
-    carried = [e for src in (record, current) for e in (src.get(REPLACED) or ())
-               if type(e) in (list, tuple) and len(e) == 2]
-    if not current.get("deleted"):
+        if type(vid) is str and type(at) is int and at >= ts - REPLACED_FOR_NS:
+            found[vid] = max(at, found.get(vid, at))
+    try:
+        for vid, moved in read_versions(current):
+            add(vid, ts if moved is None else moved)
+    except (KeyError, TypeError):   # a record of another shape: its own version at least
         add(current.get("version_id"), ts)
-    for vid, at in sorted(carried, key=lambda e: e[1] if type(e[1]) is int else 0, reverse=True):
-        add(vid, at)
+    for src in (record, current):
+        for e in src.get(REPLACED) or ():
+            if type(e) in (list, tuple) and len(e) == 2:
+                add(*e)
+    found.pop(record["version_id"], None)
+    if len(found) > REPLACED_KEEP:
+        kept = sorted(found, key=_created_ns)[:REPLACED_KEEP]
+        found = {v: found[v] for v in kept}
+    entries = [[v, at] for v, at in sorted(found.items(), key=lambda e: (-e[1], e[0]))]
     if entries == (record.get(REPLACED) or []):
         return record
     return {**record, REPLACED: entries}
@@ -824,8 +859,10 @@ def newest(k: bytes, record: dict[str, Any], packed: bytes | None = None
         if tracked and current is not None:
             named = with_replaced(record, current)
             if named is not record:
-                view.put(k, pack(named), named)
-                return True, named
+                raw = pack(named)
+                if len(raw) <= MAX_RECORD_BYTES:   # else the record as it came (readable)
+                    view.put(k, raw, named)
+                    return True, named
         view.put(k, record if packed is None else packed, record)
         return True, record
     return fn

@@ -356,7 +356,8 @@ async def list_fragments(request: web.Request) -> web.Response:
     limit = query_int(request, "limit", 1000, MAX_LIST_LIMIT)
     names = await _in_thread(request.app[STORE].list, after, limit + 1)
     return web.Response(body=pack({"fragments": names[:limit],
-                                   "truncated": len(names) > limit}),
+                                   "truncated": len(names) > limit,
+                                   "opened": request.app[STORE].open_id}),
                         content_type="application/msgpack")
 
 
@@ -440,21 +441,19 @@ async def scrub(request: web.Request) -> web.Response:
 
 
 async def repaired(request: web.Request) -> web.Response:
-    """POST /v1/repaired?listed_s_ago=S: `ecstore repair` finished a whole pass without a
-    failure, with this node's fragment listing taken S seconds ago - so it rebuilt every
-    fragment the volumes' damaged bytes held, if it listed the node after they were
-    opened. Then status stops naming that damage and the volumes are rewritten without it
+    """POST /v1/repaired?opened=ID: `ecstore repair` finished a whole pass without a
+    failure, with a listing of this node that came with open id ID (FragmentStore.open_id:
+    one per run of the process). If that is this run's, the listing was taken after the
+    volumes were opened, so the pass rebuilt every fragment their damaged bytes held: status
+    stops naming that damage and the volumes are rewritten without it
     (FragmentStore.damage_repaired). Answers the volume files cleared."""
-    try:
-        ago = float(request.query.get("listed_s_ago", ""))
-    except ValueError:
-        raise BadRequest("listed_s_ago must be a number of seconds") from None
-    if not (0 <= ago < 10 * 86400):
-        raise BadRequest("listed_s_ago must be between 0 and 864000 seconds")
     store = request.app[STORE]
-    if time.monotonic() - ago < store.opened_at:
-        return web.json_response({"cleared": [], "why": "the listing was taken before the "
-                                  "node opened its volumes"})
+    opened = request.query.get("opened", "")
+    if not opened:
+        raise BadRequest("opened (the open id the node's listing came with) is required")
+    if opened != store.open_id:
+        return web.json_response({"cleared": [], "why": "the listing came from an earlier "
+                                  "run of the node: it restarted since"})
     cleared = await _in_thread(store.damage_repaired)
     if cleared:
         request.app[COMPACT_NOW].set()

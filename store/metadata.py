@@ -324,7 +324,13 @@ class MetaQuorum:
                       answers: dict[str, dict[str, Any] | None], path: str) -> None:
         await asyncio.wait(tasks, timeout=META_TIMEOUT_S)
         best = newest(list(answers.values()))
-        stale = tuple(n for n in nodes if n.id in answers and answers[n.id] != best)
+        # older by (ts, version_id), or none: not merely different - replicas of one
+        # version differ in what each control node noted it replaced (node.metadb.
+        # REPLACED), and such a replica was sent the record at every read, refused as
+        # not newer every time
+        stale = tuple(n for n in nodes if n.id in answers and best is not None
+                      and ((r := answers[n.id]) is None
+                           or (r["ts"], r["version_id"]) < (best["ts"], best["version_id"])))
         if best is not None and stale:
             await self.write(stale, path, best, 0)
 

@@ -135,7 +135,7 @@ async def prepare_rebalance(c: Client, dry_run: bool = False, rate_mb_s: float =
                             state_path: Path | None = None) -> RebalanceWorker:
     """Gather the records, then listings of every storage node, current and previous."""
     cmap = await c.cluster_map(refresh=True)
-    records = [r async for r in live_records(c)]  # first: what commits later is placed anew
+    records = [r async for r in live_records(c, inline_bytes=False)]  # first: what commits later is placed anew
     # and the parts of uploads in progress: acknowledged, complete names them later
     records = sorted(records + await part_extent_records(c),
                      key=lambda r: (r[0], r[1]))     # the checkpoint's order

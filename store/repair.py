@@ -8,7 +8,6 @@ request per fragment; a quarantined fragment is not listed, so it counts as miss
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,7 +110,7 @@ class RepairWorker:
         self.todo = [r for r in records if (r[0], r[1]) > done_upto]
         self.skipped = len(records) - len(self.todo)
         self.report = RepairReport()
-        self.listed_at = time.monotonic()   # when the listings were asked for (prepare_repair)
+        self.opened: dict[str, str] = {}   # node id -> the open id its listing came with
 
     def finish(self) -> None:
         self.checkpoint.finish()
@@ -187,14 +186,14 @@ async def prepare_repair(c: Client, dry_run: bool = False, rate_mb_s: float = 0.
     cmap = await c.cluster_map(refresh=True)
     # no read repair: repair_replicas puts replicas back (and counts them), and a dry run
     # writes nothing
-    records = [r async for r in live_records(c, read_repair=False)]
+    records = [r async for r in live_records(c, read_repair=False, inline_bytes=False)]
     # and the parts of uploads in progress: acknowledged, complete names them later
     records = sorted(records + await part_extent_records(c, read_repair=False),
                      key=lambda r: (r[0], r[1]))     # the checkpoint's order
-    listed_at = time.monotonic()
-    listings, errors = await all_listings(c, cmap.all_storage_nodes())
+    opened: dict[str, str] = {}
+    listings, errors = await all_listings(c, cmap.all_storage_nodes(), opened)
     worker = RepairWorker(c, cmap, listings, records, dry_run, rate_mb_s, state_path)
-    worker.listed_at = listed_at
+    worker.opened = opened
     worker.report.errors += errors
     worker.report.unlisted = sorted(n.id for n in cmap.all_storage_nodes() if n.id not in listings)
     return worker
@@ -211,11 +210,11 @@ async def tell_repaired(c: Client, worker: RepairWorker) -> None:
             or not worker.listings):
         return
     for node in worker.cmap.all_storage_nodes():
-        if node.id not in worker.listings:
+        if node.id not in worker.listings or not worker.opened.get(node.id):
             continue
         try:
             reply = await c.t.request("POST", node.address, "/v1/repaired", timeout_s=30,
-                                      query={"listed_s_ago": f"{time.monotonic() - worker.listed_at:.3f}"})
+                                      query={"opened": worker.opened[node.id]})
         except EcstoreError as exc:
             r.errors.append(f"{node.id}: not told the repair finished: {exc.message}")
             continue

@@ -38,10 +38,13 @@ class WorkReport:
         return round(n_bytes / 1e6 / self.seconds, 2) if self.seconds else 0
 
 
-async def live_records(c: Client, read_repair: bool = True
+async def live_records(c: Client, read_repair: bool = True, inline_bytes: bool = True
                        ) -> AsyncIterator[tuple[str, str, dict[str, Any]]]:
     """Every live object's full record, sorted by (bucket, key); `read_repair` False: a
-    replica found stale is left as it is (repair puts replicas back itself, and counts)."""
+    replica found stale is left as it is (repair puts replicas back itself, and counts).
+    `inline_bytes` False: an inline object's bytes are left out of the record given (b""
+    instead: still inline) - repair, rebalance and gc hold every record, and an inline one
+    carries up to 64 KiB. The record is a copy then: never write it back."""
     for bucket in await c.list_buckets():
         async for page in c.list_all(bucket):
             sem = asyncio.Semaphore(MAX_PARALLEL_HEADS)
@@ -55,27 +58,37 @@ async def live_records(c: Client, read_repair: bool = True
             records = await asyncio.gather(*(head(o.key) for o in page.objects))
             for o, r in zip(page.objects, records):
                 if r is not None:
+                    if not inline_bytes and r.get("inline"):
+                        r = {**r, "inline": b""}   # a copy: read repair may hold the original
                     yield bucket, o.key, r
 
 
-async def node_listing(c: Client, node: Node) -> set[str]:
-    """Every fragment id one storage node holds (paginated)."""
+async def node_listing(c: Client, node: Node, opened: dict[str, str] | None = None) -> set[str]:
+    """Every fragment id one storage node holds (paginated). `opened` gets the node's
+    open id (which run of the node process listed: a restart makes a new one; "" when
+    the pages came from two, or from a node that has none)."""
     out: set[str] = set()
     after = ""
     while True:
         reply = await c.t.request("GET", node.address, "/v1/fragments",
                                   query={"after": after, "limit": LISTING_PAGE}, timeout_s=60)
         page = unpack(reply.body, 64 * 1024 * 1024)
+        if opened is not None:
+            run = str(page.get("opened") or "")
+            opened[node.id] = run if opened.setdefault(node.id, run) == run else ""
         out.update(page["fragments"])
         if not page["truncated"] or not page["fragments"]:
             return out
         after = page["fragments"][-1]
 
 
-async def all_listings(c: Client, nodes: Iterable[Node]) -> tuple[dict[str, set[str]], list[str]]:
-    """Every node's fragment ids, asked in parallel: ({node_id: ids}, [errors])."""
+async def all_listings(c: Client, nodes: Iterable[Node], opened: dict[str, str] | None = None
+                       ) -> tuple[dict[str, set[str]], list[str]]:
+    """Every node's fragment ids, asked in parallel: ({node_id: ids}, [errors]); `opened`
+    as node_listing's."""
     nodes = list(nodes)
-    results = await asyncio.gather(*(node_listing(c, n) for n in nodes), return_exceptions=True)
+    results = await asyncio.gather(*(node_listing(c, n, opened) for n in nodes),
+                                   return_exceptions=True)
     listings = {n.id: r for n, r in zip(nodes, results) if not isinstance(r, BaseException)}
     errors = [f"storage node {n.id} did not answer its listing"
               for n in nodes if n.id not in listings]

@@ -413,74 +413,143 @@ def test_a_put_that_told_gc_it_runs_keeps_its_fragments_whatever_the_grace(
     assert told is not None and told["deleted"]
 
 
+def gc_clock(monkeypatch: pytest.MonkeyPatch, now_ns: int) -> None:
+    """gc's clock set to now_ns (so a slow machine cannot age what a test looks at)."""
+    from types import SimpleNamespace
+
+    from store import gc as store_gc
+    clock = SimpleNamespace(**{n: getattr(time, n) for n in dir(time) if not n.startswith("_")})
+    clock.time_ns = lambda: now_ns
+    monkeypatch.setattr(store_gc, "time", clock)
+
+
+async def replicas(c: Client, bucket: str, key: str) -> list[dict[str, Any] | None]:
+    """The record each control node the ring places bucket/key on holds, read directly."""
+    from store.wire import unpack
+    out = []
+    for node in (await c.cluster_map()).control_nodes_for(f"{bucket}/{key}"):
+        r = await c.t.request("GET", node.address, f"/v1/objects/{bucket}/{key}", ok_404=True)
+        out.append(None if r.status == 404 else unpack(r.body))
+    return out
+
+
+async def settled(c: Client, bucket: str, key: str) -> list[dict[str, Any]]:
+    """Every replica's record once all hold the newest version (else the old one is live
+    for gc anyway)."""
+    for _ in range(200):
+        held = await replicas(c, bucket, key)
+        vids = {r["version_id"] if r else None for r in held}
+        want = (await c.read_record(bucket, key))["version_id"]  # type: ignore[index]
+        if vids == {want}:
+            return held  # type: ignore[return-value]
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"not every replica holds {bucket}/{key}")
+
+
+async def read_whole(c: Client, bucket: str, rec: dict[str, Any]) -> bytes:
+    return b"".join([bytes(p) async for p in c.get_stream(bucket, rec["key"], record=rec)])
+
+
 def test_an_overwritten_or_deleted_version_is_kept_for_the_grace_after(
         cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """A version overwritten or deleted is kept for gc's grace after that, not only after
     its creation: a reader that opened it before - an fsspec file, a worker mid-shard -
     reads on. By creation time alone, gc took a version written more than a grace ago at
-    once when it was overwritten, and every read of it in flight failed. gc's clock is set
-    (a fifth of a second after the overwrite, then past the grace), so a slow machine
-    cannot age the overwrite before gc looks."""
-    from types import SimpleNamespace
-
+    once when it was overwritten, and every read of it in flight failed. A multipart
+    object's fragments are its parts' versions: those are kept too."""
     from store import gc as store_gc
-    from store.wire import unpack
+    from store import multipart
     grace_s = 0.5
-
-    def gc_at(now_ns: int) -> None:
-        clock = SimpleNamespace(**{n: getattr(time, n) for n in dir(time) if not n.startswith("_")})
-        clock.time_ns = lambda: now_ns
-        monkeypatch.setattr(store_gc, "time", clock)
-
-    async def replicas(c: Client, key: str) -> list[dict[str, Any] | None]:
-        out = []
-        for node in (await c.cluster_map()).control_nodes_for(f"gc-after/{key}"):
-            r = await c.t.request("GET", node.address, f"/v1/objects/gc-after/{key}", ok_404=True)
-            out.append(None if r.status == 404 else unpack(r.body))
-        return out
-
-    async def settled(c: Client, key: str, version_id: str) -> dict[str, Any]:
-        """Every replica holds that version (else the old one is live for gc anyway)."""
-        for _ in range(200):
-            held = await replicas(c, key)
-            if all(r is not None and r["version_id"] == version_id for r in held):
-                return held[0]  # type: ignore[return-value]
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"not every replica holds {key} {version_id}")
-
-    async def read_whole(c: Client, rec: dict[str, Any]) -> bytes:
-        return b"".join([bytes(p) async for p in c.get_stream("gc-after", rec["key"], record=rec)])
 
     async def go() -> None:
         async with Client.connect(cluster.path) as c:
             await c.create_bucket("gc-after")
-            first, doomed, second = (os.urandom(6 * 1024 * 1024 + i) for i in range(3))
+            first, doomed, second, p1, p2 = (os.urandom(5 * 1024 * 1024 + i) for i in range(5))
             await c.put("gc-after", "over", first)
             await c.put("gc-after", "gone", doomed)
-            old = {k: {**await c.live_record("gc-after", k), "key": k} for k in ("over", "gone")}
-            await asyncio.sleep(grace_s + 0.5)       # both versions older than the grace
+            up = await multipart.create_upload(c, "gc-after", "multi", content_type="", meta={})
+            parts = [await multipart.put_part(c, "gc-after", up, n, body, lambda: "0" * 32)
+                     for n, body in ((1, p1), (2, p2))]
+            await multipart.complete(c, "gc-after", up, [(p.number, p.etag) for p in parts])
+            old = {k: {**await c.live_record("gc-after", k), "key": k}
+                   for k in ("over", "gone", "multi")}
+            part_vids = [p["version_id"] for p in old["multi"]["parts"]]
+            await asyncio.sleep(grace_s + 0.5)       # every version older than the grace
             reader = c.get_stream("gc-after", "over")
             got = [bytes(await anext(reader))]
             await c.put("gc-after", "over", second)
+            await c.put("gc-after", "multi", second)
             await c.delete("gc-after", "gone")
-            new = await settled(c, "over", (await c.live_record("gc-after", "over"))["version_id"])
-            tomb = await settled(c, "gone", (await c.read_record("gc-after", "gone"))["version_id"])
-            assert new["replaced"][0][0] == old["over"]["version_id"], new
-            assert tomb["deleted"] and tomb["replaced"][0][0] == old["gone"]["version_id"], tomb
+            new = {k: (await settled(c, "gc-after", k))[0] for k in ("over", "multi", "gone")}
+            assert [v for v, _ in new["over"]["replaced"]] == [old["over"]["version_id"]]
+            assert new["gone"]["deleted"]
+            assert [v for v, _ in new["gone"]["replaced"]] == [old["gone"]["version_id"]]
+            assert sorted(v for v, _ in new["multi"]["replaced"]) == sorted(part_vids)
 
-            gc_at(max(new["ts"], tomb["ts"]) + 200_000_000)
+            last = max(r["ts"] for r in new.values())
+            gc_clock(monkeypatch, last + 200_000_000)
             kept = await (await store_gc.prepare_gc(c, grace_s)).run()
-            fragments = sum(r["segments"] * (r["k"] + r["m"]) for r in old.values())
+            fragments = 6 * sum(e["segments"] for e in old["multi"]["parts"]) + \
+                sum(old[k]["segments"] * (old[k]["k"] + old[k]["m"]) for k in ("over", "gone"))
             assert kept.kept_young >= fragments, kept
             got += [bytes(p) async for p in reader]
             assert b"".join(got) == first
-            assert await read_whole(c, old["over"]) == first
-            assert await read_whole(c, old["gone"]) == doomed
+            assert await read_whole(c, "gc-after", old["over"]) == first
+            assert await read_whole(c, "gc-after", old["gone"]) == doomed
+            assert await read_whole(c, "gc-after", old["multi"]) == p1 + p2
 
-            gc_at(max(new["ts"], tomb["ts"]) + int((grace_s + 1.0) * 1e9))   # past the grace
+            gc_clock(monkeypatch, last + int((grace_s + 1.0) * 1e9))   # past the grace
             gone = await (await store_gc.prepare_gc(c, grace_s)).run()
             assert gone.fragments_deleted >= fragments, gone
-            assert not of_version(cluster, old["over"]["version_id"])
-            assert not of_version(cluster, old["gone"]["version_id"])
+            for vid in [old["over"]["version_id"], old["gone"]["version_id"], *part_vids]:
+                assert not of_version(cluster, vid), vid
             assert await c.get("gc-after", "over") == second
     asyncio.run(go())
+
+
+def test_replicas_that_name_different_replaced_versions_are_all_heeded(
+        cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each control node names what it held before: one that was down for a write names
+    an older version than the others. gc heeds every replica's list (it took the one the
+    quorum read picked, and could drop the version just overwritten), and reads do not
+    take the replicas for stale: they sent the record to the others at every read."""
+    from store import gc as store_gc
+    grace_s = 0.5
+
+    async def go() -> tuple[list[dict[str, Any]], int, list[str]]:
+        async with Client.connect(cluster.path) as c:
+            await c.create_bucket("gc-split")
+            await c.put("gc-split", "k", os.urandom(300_000))
+            v0 = (await settled(c, "gc-split", "k"))[0]["version_id"]
+            [down, *_] = (await c.cluster_map()).control_nodes_for("gc-split/k")
+            await asyncio.sleep(grace_s + 0.5)
+            cluster.stop_node(down.id)
+            await c.put("gc-split", "k", os.urandom(300_001))
+            v1 = (await c.read_record("gc-split", "k"))["version_id"]  # type: ignore[index]
+            cluster.start_node(down.id)
+            cluster.wait_healthy([down.id])
+            await asyncio.sleep(grace_s + 0.5)
+            await c.put("gc-split", "k", os.urandom(300_002))
+            held = await settled(c, "gc-split", "k")
+
+            writes = []
+            real_write = c.meta.write
+
+            async def spy(nodes: Any, path: str, *a: Any, **kw: Any) -> Any:
+                writes.append(path)
+                return await real_write(nodes, path, *a, **kw)
+            monkeypatch.setattr(c.meta, "write", spy)
+            for _ in range(10):
+                await c.read_record("gc-split", "k")
+            await asyncio.sleep(0.3)                 # read repairs run in the background
+            monkeypatch.undo()
+
+            gc_clock(monkeypatch, max(r["ts"] for r in held) + 200_000_000)
+            kept = await (await store_gc.prepare_gc(c, grace_s)).run()
+            assert kept.errors == [], kept
+            return held, len(writes), [v0, v1]
+    held, read_repairs, (v0, v1) = asyncio.run(go())
+    named = [sorted(v for v, _ in r["replaced"]) for r in held]
+    assert sorted(named) == [sorted([v0]), sorted([v0, v1]), sorted([v0, v1])], named
+    assert read_repairs == 0
+    assert len(of_version(cluster, v0)) == 6 and len(of_version(cluster, v1)) == 6

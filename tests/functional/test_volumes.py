@@ -12,6 +12,7 @@ import struct
 import threading
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -190,12 +191,14 @@ def test_a_damaged_header_loses_only_its_record(tmp_path: Path) -> None:
     run(tmp_path, body)
 
 
-def test_once_repaired_damaged_volumes_are_rewritten_and_a_headerless_one_deleted(
-        tmp_path: Path) -> None:
-    """damage_repaired (a repair listed the node after it opened): the bytes passed over
-    are no longer named, the volume holding them is compacted first whatever its live
-    share, a volume with no valid header is deleted - and a reopen finds no damage (before,
-    the same bytes were found at every open)."""
+def test_once_repaired_damaged_volumes_are_rewritten_and_a_headerless_one_set_aside(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """damage_repaired (a repair listed this run of the node): the bytes passed over are
+    no longer named, the volume holding them is compacted first whatever its live share,
+    a volume with no valid header is renamed out of the way (kept for a look) - and a
+    reopen finds no damage (before, the same bytes were found at every open). A node that
+    cannot write changes nothing; a volume to rewrite that turns out unreadable (EIO) is
+    dropped from the line, not tried first for ever."""
     s = FragmentStore(tmp_path, fsync=True, reserve_bytes=0)
     want = {f"r{i}.0.0": put(s, f"r{i}.0.0") for i in range(6)}
     flip_header_byte(s, "r2.0.0")
@@ -206,13 +209,31 @@ def test_once_repaired_damaged_volumes_are_rewritten_and_a_headerless_one_delete
     s2 = reopen(s)
     assert set(s2.damaged_bytes) == {str(vol), str(bogus)}
     assert s2.compactable() == []                      # mostly live: not compacted
+    s2.write_failure = "injected"
+    assert s2.damage_repaired() == [] and len(s2.damaged_bytes) == 2   # it could not rewrite
+    s2.write_failure = None
+
+    real_scan = volumes.scan_records
+
+    def unreadable_once(v: volumes.Volume, size: int, heads_only: bool = False) -> Any:
+        records, good_end, skipped, _ = real_scan(v, size, heads_only)
+        return records, good_end, skipped, 4096
     assert sorted(s2.damage_repaired()) == sorted([str(vol), str(bogus)])
     assert s2.damaged_bytes == {} and not bogus.exists() and s2.unopened == []
+    assert bogus.with_name("000999.vol.damaged").exists()
     assert [v.path for v in s2.compactable()] == [str(vol)]
-    assert s2.compact().volumes == 1 and not vol.exists()
-    assert contents(s2) == want
-    s3 = reopen(s2)
-    assert s3.damaged_bytes == {} and contents(s3) == want
+    monkeypatch.setattr(fragments, "scan_records", unreadable_once)
+    assert s2.compact(1).volumes == 0 and vol.exists()
+    assert s2.compactable() == []                      # not first in line for ever
+    monkeypatch.undo()
+
+    s3 = reopen(s2)                                    # the EIO passed: found again, rewritten
+    assert set(s3.damaged_bytes) == {str(vol)}
+    assert s3.damage_repaired() == [str(vol)]
+    assert s3.compact().volumes == 1 and not vol.exists()
+    assert contents(s3) == want
+    s4 = reopen(s3)
+    assert s4.damaged_bytes == {} and contents(s4) == want
 
 
 def test_a_body_cannot_forge_a_record(tmp_path: Path) -> None:
