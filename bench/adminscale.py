@@ -350,13 +350,13 @@ async def memory_breakdown(cluster_path: Path) -> dict[str, Any]:
         await c.list_buckets()      # the client's own caches, before anything is counted
 
         async def records_() -> list[tuple[str, str, dict[str, Any]]]:
-            return [r async for r in live_records(c, read_repair=False)]
+            return [r async for r in live_records(c, read_repair=False, inline_bytes=False)]
 
         async def listings_() -> dict[str, set[str]]:
             return (await all_listings(c, cmap.all_storage_nodes()))[0]
 
         async def scan_() -> dict[str, dict[tuple[str, str], dict[str, Any]]]:
-            return await control_scan(c, cmap)
+            return await control_scan(c, cmap, replaced={})   # as gc asks
 
         async def homes_() -> dict[str, frozenset[str]]:
             homes: dict[str, frozenset[str]] = {}

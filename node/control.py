@@ -28,7 +28,6 @@ from node.logs import log_event, log_step, request_log
 from node.metadb import (
     CLOCK_AHEAD_NOTE_S,
     MAP_KEY,
-    REPLACED,
     SUMMARIES_KEY,
     GroupCommit,
     MetaDB,
@@ -281,8 +280,8 @@ def list_page(db: MetaDB, bucket: str, prefix: str, after: str, limit: int, deli
     record (MetaDB.scan_listed) and the reply says where to resume. `full`: whole records,
     for moving metadata; else what a listing shows - as maps ("records"), or with `rows`
     as lists in ROW_FIELDS order ("rows": a third of the bytes, cheaper both ends).
-    `replaced` (gc's scan): maps of what a listing shows and each record's REPLACED -
-    whole records are read for it."""
+    `replaced` (gc's scan, no delimiter): also "replaced", {key: the versions its
+    predecessors read, [[version_id, replaced_at_ns], ...]} for the page's key range."""
     if len(delimiter.encode()) > MAX_DELIMITER_BYTES:
         raise BadRequest(f"delimiter longer than {MAX_DELIMITER_BYTES} bytes")
     base = object_key(bucket, "")
@@ -291,10 +290,6 @@ def list_page(db: MetaDB, bucket: str, prefix: str, after: str, limit: int, deli
     if full:
         records, truncated = db.scan(start, since, limit)
         reply["records"] = [{**r, "key": k[len(base):].decode()} for k, r in records]
-    elif replaced:
-        records, truncated = db.scan(start, since, limit)
-        reply["records"] = [{**{f: r.get(f) for f in ROW_FIELDS[1:]}, "key": k[len(base):].decode(),
-                             REPLACED: r.get(REPLACED)} for k, r in records]
     else:
         listed, truncated, resume = db.scan_listed(start, since, limit, len(start),
                                                    delimiter.encode())
@@ -307,6 +302,12 @@ def list_page(db: MetaDB, bucket: str, prefix: str, after: str, limit: int, deli
             reply["rows"] = listed
         else:
             reply["records"] = [dict(zip(ROW_FIELDS, row)) for row in listed]
+        if replaced and not delimiter:
+            # what the records in this page's key range replaced (node.metadb.
+            # replaced_names), keyed like the rows: gc's scan
+            end = None if not truncated or not listed else base + listed[-1][0].encode()
+            reply["replaced"] = {key[cut:].decode(): names
+                                 for key, names in db.replaced_in(start, since, end)}
     reply["truncated"] = truncated
     return reply
 

@@ -8,7 +8,8 @@ reads a few fields instead of decoding whole records. A summary whose CRC does n
 its record (one written by a version without summaries, or none at all) is not used: the
 record is decoded instead, so a listing never depends on them. b"s" -> set once every
 object record has its summary (node.control.fill_summaries, at a node's first start on a
-database written before summaries; not checked again after).
+database written before summaries; not checked again after). b"r" bucket b"\\0" key ->
+the versions the object record's predecessors read, for gc (`replaced_names` below).
 Every record carries "ts" (ns) and "version_id"; a put keeps the newest by
 (ts, version_id), so replicas converge whatever the order of arrival.
 
@@ -47,7 +48,7 @@ from store.errors import EcstoreError, InsufficientStorage, Unavailable
 from store.listing import DELETED
 from store.names import SYSTEM_BUCKETS
 from store.striping import record_extents
-from store.wire import MAX_RECORD_BYTES, pack, unpack
+from store.wire import pack, unpack
 
 log = logging.getLogger("ecstore.metadb")
 
@@ -465,6 +466,24 @@ class MetaDB:
         self._ended(it)
         return out, False
 
+    def replaced_in(self, prefix: bytes, after: bytes, last: bytes | None
+                    ) -> list[tuple[bytes, Any]]:
+        """(object key, names) of every replaced_key beside the object keys that start with
+        prefix, sort after `after` and are at most `last` (None: no bound), sorted; names
+        that do not unpack are left out."""
+        it = self.db.iter()
+        lo, hi = replaced_key(prefix), None if last is None else replaced_key(last)
+        it.seek(max(lo, replaced_key(after) + b"\0") if after else lo)
+        out: list[tuple[bytes, Any]] = []
+        while it.valid():
+            k = it.key()
+            if not k.startswith(lo) or (hi is not None and k > hi):
+                break
+            with contextlib.suppress(EcstoreError):
+                out.append((b"o" + k[1:], unpack(it.value())))
+            it.next()
+        return out
+
     def scan_listed(self, prefix: bytes, after: bytes, limit: int, cut_from: int = 0,
                     delimiter: bytes = b"") -> tuple[list[list[Any]], bool, bytes]:
         """What a listing shows of the object records whose key starts with prefix and
@@ -622,6 +641,11 @@ class View:
         self._stage(k, None)
         if k[:1] == b"o":
             self._stage(summary_key(k), None)
+            self._stage(replaced_key(k), None)
+
+    def stage(self, k: bytes, value: bytes | None) -> None:
+        """Stage raw bytes at k (None: delete it) - a key beside a record, not a record."""
+        self._stage(k, value)
 
     def _stage(self, k: bytes, value: bytes | None) -> None:
         self._undo.append((k, self.staged.get(k, self._ABSENT)))
@@ -775,23 +799,36 @@ class GroupCommit:
         return outcomes
 
 
-# An object record that replaces a live version names the versions whose fragments that
-# version read from - its own id, each multipart part's, and those a tiering move of it had
-# replaced - with when (the new record's ts), under REPLACED: [[version_id, replaced_at_ns],
-# ...], newest first. gc keeps them for its grace after that (store.gc.replaced_recently),
-# not only after their creation: a reader that opened the old version - an fsspec file, a
-# training worker mid-shard - reads on while someone overwrites or deletes the object. Each
-# control node writes what it held before: the replicas of one version may name different
-# versions, and gc takes every replica's (its scan asks for them, `replaced=1` on a listing).
-# Bounded: none older than REPLACED_FOR_NS, at most REPLACED_KEEP (past it the versions
-# created last go first - the creation-time rule keeps those the longest), and none at all
-# when the record would pass MAX_RECORD_BYTES; a longer grace, or a version dropped, falls
-# back to its creation time. Not for system buckets (their records name no object's
-# fragments that a reader holds) or inline objects (a reader holds the bytes).
-REPLACED = "replaced"
-REPLACED_KEEP = 4096
+# When an object record replaces a live one, the control node notes the versions whose
+# fragments the old record read - its own id, each multipart part's, those a tiering move
+# of it had replaced - with when (the new record's ts), beside the record under its own key
+# (`replaced_key`: b"r" bucket b"\0" key -> packed [[version_id, replaced_at_ns], ...],
+# newest first), written in the same batch. gc keeps them for its grace after that
+# (store.gc.replaced_recently), not only after their creation: a reader that opened the
+# old version - an fsspec file, a training worker mid-shard - reads on while someone
+# overwrites or deletes the object. The names are not in the record: reads, record batches
+# and metadata moves never carry them (in the record they made a key overwritten all day
+# 180 KB to read at every get). Each control node notes what it held before, so replicas
+# may differ: gc's scan takes every replica's (`?replaced=1` on a listing).
+# Bounded: a version that lived under REPLACED_MIN_LIFE_NS before it was replaced is not
+# noted (its creation-time grace ends at most that much sooner: a key overwritten ten times
+# a second notes nothing); names older than REPLACED_FOR_NS go; at most REPLACED_KEEP, those
+# a name helps least dropped first - the versions that lived the shortest before they were
+# replaced, whose creation-time grace ends nearly as late (dropping the oldest replacement
+# or the version created last dropped the long-lived version just overwritten). A longer
+# grace, a version dropped, and a record moved by a control ring change (its names stay on
+# the node it left, which gc still scans until the record's key is deleted there) fall back
+# to the creation time. Not for system buckets (no reader holds their fragments) or inline
+# objects (a reader holds the bytes).
+REPLACED_MIN_LIFE_NS = 10**9
 REPLACED_FOR_NS = 24 * 3600 * 10**9
+REPLACED_KEEP = 2_000
 _SYSTEM_PREFIXES = tuple(b"o" + name.encode() + b"\0" for name in SYSTEM_BUCKETS)
+
+
+def replaced_key(k: bytes) -> bytes:
+    """The key of the versions an object record's predecessors read (b"o..." -> b"r...")."""
+    return b"r" + k[1:]
 
 
 def _created_ns(version_id: str) -> int:
@@ -807,9 +844,10 @@ def read_versions(record: dict[str, Any]) -> list[tuple[str, int | None]]:
     replaced it (None: the record's own) - none for a tombstone or an inline object."""
     if record.get("deleted") or record.get("inline") is not None:
         return []
-    out: list[tuple[str, int | None]] = [
-        (e.version_id, None) for e in record_extents(record)] if record.get("size") is not None \
-        else [(record["version_id"], None)]
+    try:
+        out: list[tuple[str, int | None]] = [(e.version_id, None) for e in record_extents(record)]
+    except (KeyError, TypeError):    # a record of another shape: its own version at least
+        out = [(record["version_id"], None)]
     if record.get("tiered_from"):
         moved = _created_ns(record["version_id"])
         out += [(v, moved) for v in record.get("tiered_from_versions") or [record["tiered_from"]]
@@ -817,52 +855,51 @@ def read_versions(record: dict[str, Any]) -> list[tuple[str, int | None]]:
     return out
 
 
-def with_replaced(record: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
-    """`record` naming the versions the live `current` read from (and carrying what `current`
-    and `record` already name, bounded); `record` itself when that changes nothing."""
+def replaced_names(held: Any, current: dict[str, Any], record: dict[str, Any]
+                   ) -> list[list[Any]]:
+    """The names to keep once `record` replaces `current`: what `current` read (if it lived
+    long enough to need a name), then what was `held` - none that `record` reads itself,
+    none older than REPLACED_FOR_NS, at most REPLACED_KEEP (those that lived longest before
+    their replacement), newest replacement first."""
     ts = record["ts"]
     found: dict[str, int] = {}
 
     def add(vid: Any, at: Any) -> None:
         if type(vid) is str and type(at) is int and at >= ts - REPLACED_FOR_NS:
             found[vid] = max(at, found.get(vid, at))
-    try:
-        for vid, moved in read_versions(current):
-            add(vid, ts if moved is None else moved)
-    except (KeyError, TypeError):   # a record of another shape: its own version at least
-        add(current.get("version_id"), ts)
-    for src in (record, current):
-        for e in src.get(REPLACED) or ():
-            if type(e) in (list, tuple) and len(e) == 2:
-                add(*e)
-    found.pop(record["version_id"], None)
+    for vid, moved in read_versions(current):
+        at = ts if moved is None else moved
+        if at - _created_ns(vid) >= REPLACED_MIN_LIFE_NS:
+            add(vid, at)
+    for e in held if type(held) is list else ():
+        if type(e) is list and len(e) == 2:
+            add(*e)
+    for vid, _ in read_versions(record):
+        found.pop(vid, None)
     if len(found) > REPLACED_KEEP:
-        kept = sorted(found, key=_created_ns)[:REPLACED_KEEP]
-        found = {v: found[v] for v in kept}
-    entries = [[v, at] for v, at in sorted(found.items(), key=lambda e: (-e[1], e[0]))]
-    if entries == (record.get(REPLACED) or []):
-        return record
-    return {**record, REPLACED: entries}
+        longest = sorted(found, key=lambda v: (_created_ns(v) - found[v], v))[:REPLACED_KEEP]
+        found = {v: found[v] for v in longest}
+    return [[v, at] for v, at in sorted(found.items(), key=lambda e: (-e[1], e[0]))]
 
 
 def newest(k: bytes, record: dict[str, Any], packed: bytes | None = None
            ) -> Mutation[tuple[bool, dict[str, Any]]]:
     """Store record unless a newer one is there; (applied, current). `packed`: the
-    record as it arrived, stored as it is (not packed a second time) - unless it replaces
-    a live object record, which it then names (REPLACED above)."""
+    record as it arrived, stored as it is (not packed a second time). An object record
+    that replaces one notes what that one read (`replaced_names`, beside it)."""
     tracked = k[:1] == b"o" and not k.startswith(_SYSTEM_PREFIXES)
 
     def fn(view: View) -> tuple[bool, dict[str, Any]]:
         current = view.get(k)
         if current is not None and order(current) >= order(record):
             return False, current
-        if tracked and current is not None:
-            named = with_replaced(record, current)
-            if named is not record:
-                raw = pack(named)
-                if len(raw) <= MAX_RECORD_BYTES:   # else the record as it came (readable)
-                    view.put(k, raw, named)
-                    return True, named
         view.put(k, record if packed is None else packed, record)
+        if tracked and current is not None:
+            rk = replaced_key(k)
+            raw = view.get_raw(rk)
+            held = unpack(raw) if raw is not None else None
+            names = replaced_names(held, current, record)
+            if names != (held or []):
+                view.stage(rk, pack(names) if names else None)
         return True, record
     return fn

@@ -5,7 +5,7 @@ version is older than the grace period (its creation time is in the version id).
 one rule covers the fragments of puts that never committed, of overwritten versions
 and of deleted objects; a put still in flight is younger than the grace, so it is kept.
 The versions a record replaced - an overwrite, a delete (`replaced_recently`: each control
-node names them in the record it stores, node.metadb.REPLACED) or a tiering move
+node notes them beside the record it stores, node.metadb.replaced_names) or a tiering move
 (`replaced_by_move`) - count as live while the replacement is younger than the grace: a
 reader that started on them reads on.
 
@@ -129,8 +129,8 @@ def named_replaced(entries: Any) -> list[tuple[str, int]]:
 
 
 def replaced_recently(replaced: Mapping[str, int], cutoff_ns: int) -> set[str]:
-    """The versions replaced (overwritten, deleted, moved) within the grace - the control
-    nodes name them in the records that replaced them (node.metadb.REPLACED), gc's scan
+    """The versions replaced (overwritten, deleted) within the grace - the control nodes
+    note them beside the records that replaced them (node.metadb.replaced_names), gc's scan
     gathers every replica's: kept as if live, so a reader that opened one before reads to
     its end. By creation time alone, an overwritten version older than the grace went at
     the next gc (until the twenty-eighth session)."""
@@ -309,9 +309,9 @@ async def control_scan(c: Client, cmap: ClusterMap, needed_by: str = "garbage co
                        replaced: dict[str, int] | None = None
                        ) -> dict[str, dict[tuple[str, str], dict[str, Any]]]:
     """Every object record every control node holds: {node_id: {(bucket, key): row}}.
-    `replaced`, when given, gets every version any replica of any record names as replaced
-    (node.metadb.REPLACED), with the latest time it was: {version_id: replaced_at_ns} -
-    each control node names what it held before, so the replicas of one record may differ.
+    `replaced`, when given, gets every version any control node noted as read by a record
+    since replaced (node.metadb.replaced_names), with the latest time it was: {version_id:
+    replaced_at_ns} - each notes what it held before, so replicas may differ.
 
     Raises Unavailable unless every control node answered completely: garbage collection
     decides from what is absent, so it must see everything.
@@ -339,11 +339,11 @@ async def control_scan(c: Client, cmap: ClusterMap, needed_by: str = "garbage co
                     raise
                 page = unpack(reply.body, 64 * 1024 * 1024)
                 for r in page["records"]:
-                    named = r.pop("replaced", None)
-                    if named and replaced is not None:
-                        for vid, at in named_replaced(named):
-                            replaced[vid] = max(at, replaced.get(vid, at))
                     rows[(bucket, r["key"])] = r
+                if replaced is not None:   # a node of an earlier version sends none
+                    for names in (page.get("replaced") or {}).values():
+                        for vid, at in named_replaced(names):
+                            replaced[vid] = max(at, replaced.get(vid, at))
                 if not page["truncated"] or not page["records"]:
                     break
                 after = page["records"][-1]["key"]

@@ -1,6 +1,7 @@
-"""An object record that replaces a live version names the versions a reader of it read
-from (node.metadb.REPLACED), and gc keeps what any replica names for its grace after the
-replacement (store.gc.named_replaced, replaced_recently)."""
+"""When an object record replaces a live one, the control node notes the versions the old
+one read, beside it (node.metadb.replaced_names, replaced_key), and gc keeps what any
+replica noted for its grace after the replacement (store.gc.named_replaced,
+replaced_recently)."""
 from __future__ import annotations
 
 import asyncio
@@ -10,17 +11,26 @@ from typing import Any
 import pytest
 
 from node import metadb
-from node.metadb import REPLACED_FOR_NS, GroupCommit, MetaDB, newest, object_key
+from node.control import list_page
+from node.metadb import (
+    REPLACED_FOR_NS,
+    GroupCommit,
+    MetaDB,
+    newest,
+    object_key,
+    replaced_key,
+    replaced_names,
+)
 from store.gc import named_replaced, replaced_recently
 from store.names import PUTS_BUCKET
-from store.wire import MAX_RECORD_BYTES, pack
+from store.wire import pack, unpack
 
 S = 10**9
 
 
-def vid(created_s: int, tag: int = 0) -> str:
+def vid(created_ns: int, tag: int = 0) -> str:
     """A version id as ours are: its creation time (ns) in the first 16 hex digits."""
-    return f"{created_s * S:016x}{tag:016x}"
+    return f"{created_ns:016x}{tag:016x}"
 
 
 def rec(version_id: str, ts: int, deleted: bool = False, **extra: Any) -> dict[str, Any]:
@@ -28,78 +38,107 @@ def rec(version_id: str, ts: int, deleted: bool = False, **extra: Any) -> dict[s
             "size": 100, "segments": 1, **extra}
 
 
-def apply_all(tmp_path: Path, bucket: str, records: list[dict[str, Any]]
-              ) -> list[tuple[bool, dict[str, Any]]]:
+def history(n: int, every_ns: int, start_ns: int = 1000 * S) -> list[dict[str, Any]]:
+    """n versions of one key, each written every_ns after the one before (created and
+    committed at once)."""
+    return [rec(vid(start_ns + i * every_ns, i), start_ns + i * every_ns) for i in range(n)]
+
+
+def replay(records: list[dict[str, Any]]) -> list[list[Any]]:
+    """The names held after each record in turn replaced the one before (what newest()
+    does on one control node), the last."""
+    held: list[list[Any]] = []
+    for before, after in zip(records, records[1:]):
+        held = replaced_names(held, before, after)
+    return held
+
+
+def names(held: list[list[Any]]) -> list[str]:
+    return [v for v, _ in held]
+
+
+def test_an_overwrite_names_what_the_old_version_read() -> None:
+    old = rec(vid(10 * S), 10 * S)
+    assert replaced_names(None, old, rec(vid(20 * S), 20 * S)) == [[old["version_id"], 20 * S]]
+    tomb = rec(vid(30 * S), 30 * S, deleted=True)
+    assert names(replaced_names(None, old, tomb)) == [old["version_id"]]   # a delete too
+    assert replaced_names(None, tomb, old) == []                           # a tombstone read none
+    assert replaced_names(None, {**old, "inline": b"x"}, tomb) == []       # nor an inline one
+    p1, p2 = vid(5 * S, 1), vid(6 * S, 2)
+    multi = rec(vid(9 * S), 9 * S, parts=[{"version_id": p1, "size": 5, "segments": 1},
+                                          {"version_id": p2, "size": 5, "segments": 1}])
+    assert sorted(names(replaced_names(None, multi, tomb))) == sorted([p1, p2])  # its parts
+    moved = rec(vid(40 * S), 20 * S, tiered_from=vid(10 * S), tiered_from_versions=[vid(10 * S)])
+    assert dict(map(tuple, replaced_names(None, moved, rec(vid(50 * S), 50 * S)))) == {
+        vid(40 * S): 50 * S, vid(10 * S): 40 * S}   # what the move replaced: at the move
+    same = {**multi, "ts": multi["ts"] + 1}         # an ACL change: the same parts, still live
+    assert replaced_names(None, multi, same) == []
+
+
+def test_a_long_lived_version_is_named_whatever_came_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The version just overwritten after living long is what a reader is on: it is named
+    whatever the history - 5,000 overwrites half a second apart (too short-lived to need a
+    name: none noted), or more long-enough ones than the bound (those that lived least go)."""
+    quick = history(5_000, S // 2)
+    lasting = rec(vid(quick[-1]["ts"] + S // 2, 9), quick[-1]["ts"] + S // 2)
+    nxt = rec(vid(lasting["ts"] + 2 * 3600 * S, 10), lasting["ts"] + 2 * 3600 * S)
+    assert replay(quick) == []
+    assert names(replay([*quick, lasting, nxt])) == [lasting["version_id"]]
+    monkeypatch.setattr(metadb, "REPLACED_KEEP", 10)
+    many = history(50, 2 * S)
+    lasting = rec(vid(many[-1]["ts"] + 2 * S, 9), many[-1]["ts"] + 2 * S)
+    nxt = rec(vid(lasting["ts"] + 3600 * S, 10), lasting["ts"] + 3600 * S)
+    held = replay([*many, lasting, nxt])
+    assert len(held) == 10 and held[0] == [lasting["version_id"], nxt["ts"]]
+    far = rec(vid(nxt["ts"] + REPLACED_FOR_NS + S, 11), nxt["ts"] + REPLACED_FOR_NS + S)
+    assert names(replaced_names(held, nxt, far)) == [nxt["version_id"]]   # a day on
+
+
+def apply_all(db: MetaDB, bucket: str, records: list[dict[str, Any]]) -> list[bool]:
+    commit = GroupCommit(db)
+
+    async def go() -> list[bool]:
+        return [(await commit.apply(newest(object_key(bucket, "k"), r, pack(r))))[0]
+                for r in records]
+    return asyncio.run(go())
+
+
+def test_the_names_are_kept_beside_the_record_listed_for_gc_and_deleted_with_it(
+        tmp_path: Path) -> None:
     db = MetaDB(tmp_path / "db", sync=False)
     try:
-        commit = GroupCommit(db)
+        v = [vid(i * 10 * S) for i in range(1, 4)]
+        recs = [rec(v[0], 10 * S), rec(v[1], 20 * S), rec(v[2], 30 * S)]
+        assert apply_all(db, "b", recs) == [True, True, True]
+        assert db.get_raw(object_key("b", "k")) == pack(recs[2])     # the record as it came
+        assert unpack(db.get_raw(replaced_key(object_key("b", "k")))) == \
+            [[v[1], 30 * S], [v[0], 20 * S]]
+        assert apply_all(db, "b", [rec(v[0], 5 * S)]) == [False]      # older: nothing changes
+        apply_all(db, PUTS_BUCKET, recs)                              # a system bucket: none
+        assert db.get_raw(replaced_key(object_key(PUTS_BUCKET, "k"))) is None
+        for i in range(5):                                            # more keys for paging
+            commit = GroupCommit(db)
+            asyncio.run(commit.apply(newest(object_key("b", f"m{i}"), recs[0])))
+            asyncio.run(commit.apply(newest(object_key("b", f"m{i}"), recs[1])))
+        seen: dict[str, Any] = {}
+        after, pages = "", 0
+        while True:
+            page = list_page(db, "b", "", after, 2, "", replaced=True)
+            seen.update(page["replaced"])
+            pages += 1
+            if not page["truncated"]:
+                break
+            after = page["records"][-1]["key"]
+        assert pages == 3 and sorted(seen) == ["k", "m0", "m1", "m2", "m3", "m4"]
+        assert seen["m3"] == [[v[0], 20 * S]]
+        assert "replaced" not in list_page(db, "b", "", "", 10, "")   # only when asked
 
-        async def go() -> list[tuple[bool, dict[str, Any]]]:
-            return [await commit.apply(newest(object_key(bucket, "k"), r)) for r in records]
-        out = asyncio.run(go())
-        if out[-1][0]:
-            assert db.get(object_key(bucket, "k")) == out[-1][1]   # stored as answered
-        return out
+        def purge(view: metadb.View) -> None:
+            view.delete(object_key("b", "k"))
+        asyncio.run(GroupCommit(db).apply(purge))
+        assert db.get_raw(replaced_key(object_key("b", "k"))) is None
     finally:
         db.close()
-
-
-def names(r: dict[str, Any]) -> list[str]:
-    return [v for v, _ in r.get("replaced", [])]
-
-
-def test_an_overwrite_and_a_delete_name_what_they_replaced(tmp_path: Path) -> None:
-    v1, v2, v3, v4 = (vid(i) for i in (1, 2, 3, 4))
-    out = apply_all(tmp_path, "b", [rec(v1, 10 * S), rec(v2, 20 * S),
-                                    rec(v3, 30 * S, deleted=True), rec(v4, 40 * S)])
-    assert "replaced" not in out[0][1]                  # a new key replaces nothing
-    assert out[1][1]["replaced"] == [[v1, 20 * S]]
-    assert out[2][1]["replaced"] == [[v2, 30 * S], [v1, 20 * S]]
-    assert out[3][1]["replaced"] == [[v2, 30 * S], [v1, 20 * S]]   # not the tombstone
-    assert all(applied for applied, _ in out)
-
-
-def test_a_multipart_object_names_its_parts_and_a_moved_one_what_the_move_replaced(
-        tmp_path: Path) -> None:
-    p1, p2, obj, moved_from, moved, nxt = (vid(i) for i in range(1, 7))
-    multi = rec(obj, 10 * S, parts=[{"version_id": p1, "size": 5, "segments": 1},
-                                    {"version_id": p2, "size": 5, "segments": 1}])
-    out = apply_all(tmp_path, "b", [multi, rec(nxt, 20 * S)])
-    assert sorted(names(out[1][1])) == sorted([p1, p2])          # not obj: no fragments
-    tiered = rec(moved, 30 * S, tiered_from=moved_from, tiered_from_versions=[moved_from])
-    out = apply_all(tmp_path / "t", "b", [tiered, rec(nxt, 40 * S)])
-    assert dict(out[1][1]["replaced"]) == {moved: 40 * S, moved_from: 5 * S}   # the move's time
-    inline = {**rec(obj, 10 * S), "inline": b"x"}
-    assert "replaced" not in apply_all(tmp_path / "i", "b", [inline, rec(nxt, 20 * S)])[1][1]
-
-
-def test_older_arrivals_change_nothing_and_the_names_are_bounded(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(metadb, "REPLACED_KEEP", 3)
-    records = [rec(vid(100 - i), (i + 1) * S) for i in range(6)]   # created later, earlier
-    records.append(rec(vid(200), S // 2))                # older than what is held: refused
-    out = apply_all(tmp_path, "b", records)
-    assert out[-1][0] is False
-    # past the bound the versions created last go first (the creation rule keeps them)
-    assert sorted(names(out[-2][1])) == sorted(vid(100 - i) for i in (2, 3, 4))
-    far = rec(vid(300), records[5]["ts"] + REPLACED_FOR_NS + S)
-    assert apply_all(tmp_path / "f", "b", [records[5], far])[1][1]["replaced"] == \
-        [[vid(95), far["ts"]]]                            # a day on: what came before is gone
-
-
-def test_a_copied_record_keeps_its_names_and_system_buckets_and_big_records_name_nothing(
-        tmp_path: Path) -> None:
-    v1, v2, v3 = vid(1), vid(2), vid(3)
-    copied = rec(v3, 30 * S, replaced=[[v2, 30 * S]])    # read repair, a metadata move
-    out = apply_all(tmp_path, "b", [rec(v1, 10 * S), copied])
-    assert out[1][1]["replaced"] == [[v1, 30 * S], [v2, 30 * S]]
-    sysb = apply_all(tmp_path / "sys", PUTS_BUCKET, [rec(v1, 10 * S), rec(v2, 20 * S)])
-    assert "replaced" not in sysb[1][1]
-    big = rec(v2, 20 * S, meta={"x": ""})
-    big["meta"]["x"] = "y" * (MAX_RECORD_BYTES - 10 - len(pack(big)))
-    assert MAX_RECORD_BYTES - 20 < len(pack(big)) <= MAX_RECORD_BYTES   # a name would not fit
-    out = apply_all(tmp_path / "big", "b", [rec(v1, 10 * S), big])
-    assert out[1][0] and "replaced" not in out[1][1]     # stored as it came, readable
 
 
 def test_gc_keeps_what_any_replica_named_within_the_grace() -> None:
