@@ -816,9 +816,8 @@ class GroupCommit:
 # a name helps least dropped first - the versions that lived the shortest before they were
 # replaced, whose creation-time grace ends nearly as late (dropping the oldest replacement
 # or the version created last dropped the long-lived version just overwritten). A longer
-# grace, a version dropped, and a record moved by a control ring change (its names stay on
-# the node it left, which gc still scans until the record's key is deleted there) fall back
-# to the creation time. Not for system buckets (no reader holds their fragments) or inline
+# grace, a version dropped, and a record moved to another control node by a ring change
+# (its notes do not go along) fall back to the creation time. Not for system buckets (no reader holds their fragments) or inline
 # objects (a reader holds the bytes).
 REPLACED_MIN_LIFE_NS = 10**9
 REPLACED_FOR_NS = 24 * 3600 * 10**9
