@@ -28,6 +28,8 @@ from node.logs import log_event, log_step, request_log
 from node.metadb import (
     CLOCK_AHEAD_NOTE_S,
     MAP_KEY,
+    MAX_NOTES_PER_PAGE,
+    REPLACED_FOR_NS,
     SUMMARIES_KEY,
     GroupCommit,
     MetaDB,
@@ -274,14 +276,17 @@ MAX_DELIMITER_BYTES = MAX_ROLLED_DELIMITER_BYTES   # what the client pushes down
 
 
 def list_page(db: MetaDB, bucket: str, prefix: str, after: str, limit: int, delimiter: str,
-              full: bool = False, rows: bool = False, replaced: bool = False) -> dict[str, Any]:
+              full: bool = False, rows: bool = False, replaced: bool = False,
+              replaced_since: int = 1) -> dict[str, Any]:
     """A sorted page of object records (tombstones included: the client merge drops them).
     With a delimiter (and not `full`), each common prefix is cut short at its first live
     record (MetaDB.scan_listed) and the reply says where to resume. `full`: whole records,
     for moving metadata; else what a listing shows - as maps ("records"), or with `rows`
     as lists in ROW_FIELDS order ("rows": a third of the bytes, cheaper both ends).
     `replaced` (gc's scan, no delimiter): also "replaced", {key: the versions its
-    predecessors read, [[version_id, replaced_at_ns], ...]} for the page's key range."""
+    predecessors read, [[version_id, replaced_at_ns], ...]} for the page's key range, those
+    replaced at or after `replaced_since` (and within REPLACED_FOR_NS of this node's
+    clock); the page ends early, at a key, rather than carry over MAX_NOTES_PER_PAGE."""
     if len(delimiter.encode()) > MAX_DELIMITER_BYTES:
         raise BadRequest(f"delimiter longer than {MAX_DELIMITER_BYTES} bytes")
     base = object_key(bucket, "")
@@ -298,16 +303,26 @@ def list_page(db: MetaDB, bucket: str, prefix: str, after: str, limit: int, deli
         cut = len(base)
         for row in listed:
             row[0] = row[0][cut:].decode()
+        if replaced and not delimiter:
+            # what the records in this page's key range replaced (node.metadb.new_notes),
+            # keyed like the rows: gc's scan
+            end = None if not truncated or not listed else base + listed[-1][0].encode()
+            floor = max(replaced_since, time.time_ns() - REPLACED_FOR_NS)
+            notes, count = {}, 0
+            for key, entries in db.replaced_in(start, since, end, floor):
+                name = key[cut:].decode()
+                if count >= MAX_NOTES_PER_PAGE and listed and name > listed[0][0]:
+                    # enough for one reply: the page ends before this key
+                    listed = [r for r in listed if r[0] < name]
+                    truncated = True
+                    break
+                notes[name] = entries
+                count += len(entries)
+            reply["replaced"] = notes
         if rows:
             reply["rows"] = listed
         else:
             reply["records"] = [dict(zip(ROW_FIELDS, row)) for row in listed]
-        if replaced and not delimiter:
-            # what the records in this page's key range replaced (node.metadb.
-            # replaced_names), keyed like the rows: gc's scan
-            end = None if not truncated or not listed else base + listed[-1][0].encode()
-            reply["replaced"] = {key[cut:].decode(): names
-                                 for key, names in db.replaced_in(start, since, end)}
     reply["truncated"] = truncated
     return reply
 
@@ -325,7 +340,8 @@ def list_reply(db: MetaDB, bucket: str, query: Mapping[str, str]) -> bytes:
         db, check_bucket_name(bucket, system_ok=True), query.get("prefix", ""),
         query.get("after", ""), int_param(query.get("limit"), "limit", 1000, MAX_SCAN_LIMIT),
         query.get("delimiter", ""), query.get("full") == "1", query.get("rows") == "1",
-        query.get("replaced") == "1"))
+        query.get("replaced") == "1",
+        int_param(query.get("replaced_since"), "replaced_since", 1, 2**63 - 1)))
 
 
 ACCESS_HISTORY_MINUTES = 24 * 60   # read counts are kept per minute for this long

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+import msgpack
 from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
 
 from node.disk import ErrorTally, default_reserve_bytes, disk_full_problem, disk_space, iso_utc
@@ -466,21 +467,22 @@ class MetaDB:
         self._ended(it)
         return out, False
 
-    def replaced_in(self, prefix: bytes, after: bytes, last: bytes | None
-                    ) -> list[tuple[bytes, Any]]:
-        """(object key, names) of every replaced_key beside the object keys that start with
-        prefix, sort after `after` and are at most `last` (None: no bound), sorted; names
-        that do not unpack are left out."""
+    def replaced_in(self, prefix: bytes, after: bytes, last: bytes | None, since_ns: int
+                    ) -> list[tuple[bytes, list[tuple[str, int]]]]:
+        """(object key, its notes at or after since_ns) beside every object key that starts
+        with prefix, sorts after `after` and is at most `last` (None: no bound), sorted;
+        keys with no such note are left out."""
         it = self.db.iter()
         lo, hi = replaced_key(prefix), None if last is None else replaced_key(last)
         it.seek(max(lo, replaced_key(after) + b"\0") if after else lo)
-        out: list[tuple[bytes, Any]] = []
+        out: list[tuple[bytes, list[tuple[str, int]]]] = []
         while it.valid():
             k = it.key()
             if not k.startswith(lo) or (hi is not None and k > hi):
                 break
-            with contextlib.suppress(EcstoreError):
-                out.append((b"o" + k[1:], unpack(it.value())))
+            notes = [(v, at) for v, at in notes_of(it.value()) if at >= since_ns]
+            if notes:
+                out.append((b"o" + k[1:], notes))
             it.next()
         return out
 
@@ -802,26 +804,31 @@ class GroupCommit:
 # When an object record replaces a live one, the control node notes the versions whose
 # fragments the old record read - its own id, each multipart part's, those a tiering move
 # of it had replaced - with when (the new record's ts), beside the record under its own key
-# (`replaced_key`: b"r" bucket b"\0" key -> packed [[version_id, replaced_at_ns], ...],
-# newest first), written in the same batch. gc keeps them for its grace after that
-# (store.gc.replaced_recently), not only after their creation: a reader that opened the
-# old version - an fsspec file, a training worker mid-shard - reads on while someone
-# overwrites or deletes the object. The names are not in the record: reads, record batches
-# and metadata moves never carry them (in the record they made a key overwritten all day
-# 180 KB to read at every get). Each control node notes what it held before, so replicas
-# may differ: gc's scan takes every replica's (`?replaced=1` on a listing).
-# Bounded: a version that lived under REPLACED_MIN_LIFE_NS before it was replaced is not
-# noted (its creation-time grace ends at most that much sooner: a key overwritten ten times
-# a second notes nothing); names older than REPLACED_FOR_NS go; at most REPLACED_KEEP, those
-# a name helps least dropped first - the versions that lived the shortest before they were
-# replaced, whose creation-time grace ends nearly as late (dropping the oldest replacement
-# or the version created last dropped the long-lived version just overwritten). A longer
-# grace, a version dropped, and a record moved to another control node by a ring change
-# (its notes do not go along) fall back to the creation time. Not for system buckets (no reader holds their fragments) or inline
-# objects (a reader holds the bytes).
+# (`replaced_key`: b"r" bucket b"\0" key -> msgpack [version_id, replaced_at_ns] entries one
+# after the other, appended; the newest last), written in the same batch. gc keeps them for
+# its grace after that (store.gc.replaced_recently), not only after their creation: a
+# reader that opened the old version - an fsspec file, a training worker mid-shard - reads
+# on while someone overwrites or deletes the object. The notes are not in the record:
+# reads, record batches and metadata moves never carry them (in the record they made a key
+# overwritten all day 180 KB to read at every get). Each control node notes what it held
+# before, so replicas may differ: gc's scan takes every replica's (`?replaced=1` on a
+# listing, with the grace's start: only notes since then are sent, and a page ends early
+# rather than carry more than MAX_NOTES_PER_PAGE).
+# Cost: an overwrite that notes nothing does not touch the notes (a version replaced
+# within REPLACED_MIN_LIFE_NS of its creation is not noted: its creation-time grace ends at
+# most that much sooner, so a key overwritten ten times a second notes nothing); one that
+# does appends its entries to the bytes held, unread. Past REPLACED_TRIM_BYTES the notes are
+# read and trimmed: those older than REPLACED_FOR_NS go, then, past REPLACED_KEEP, the held
+# ones that lived least before their replacement (whose creation-time grace ends nearly as
+# late) - never those just added, a multipart object's 10,000 parts included. A longer
+# grace, a note dropped, and a record moved to another control node by a ring change (its
+# notes do not go along) fall back to the creation time. Not for system buckets (no reader
+# holds their fragments) or inline objects (a reader holds the bytes).
 REPLACED_MIN_LIFE_NS = 10**9
 REPLACED_FOR_NS = 24 * 3600 * 10**9
 REPLACED_KEEP = 2_000
+REPLACED_TRIM_BYTES = 256 * 1024
+MAX_NOTES_PER_PAGE = 100_000
 _SYSTEM_PREFIXES = tuple(b"o" + name.encode() + b"\0" for name in SYSTEM_BUCKETS)
 
 
@@ -830,62 +837,92 @@ def replaced_key(k: bytes) -> bytes:
     return b"r" + k[1:]
 
 
-def _created_ns(version_id: str) -> int:
+def _created_ns(version_id: Any) -> int:
     """A version id's creation time (its first 16 hex digits), 0 if it has none."""
     try:
         return int(version_id[:16], 16)
-    except ValueError:
+    except (ValueError, TypeError):
         return 0
 
 
 def read_versions(record: dict[str, Any]) -> list[tuple[str, int | None]]:
     """The versions a reader of `record` reads fragments of, each with when a tiering move
-    replaced it (None: the record's own) - none for a tombstone or an inline object."""
+    replaced it (None: the record's own) - none for a tombstone or an inline object; what
+    is not a string is left out (a record of another shape never stops a put)."""
     if record.get("deleted") or record.get("inline") is not None:
         return []
     try:
         out: list[tuple[str, int | None]] = [(e.version_id, None) for e in record_extents(record)]
-    except (KeyError, TypeError):    # a record of another shape: its own version at least
-        out = [(record["version_id"], None)]
-    if record.get("tiered_from"):
-        moved = _created_ns(record["version_id"])
-        out += [(v, moved) for v in record.get("tiered_from_versions") or [record["tiered_from"]]
-                if type(v) is str]
+    except (KeyError, TypeError, AttributeError):
+        out = [(record.get("version_id"), None)]  # type: ignore[list-item]
+    moved_from = record.get("tiered_from_versions") or [record.get("tiered_from")]
+    if record.get("tiered_from") and isinstance(moved_from, list):
+        moved = _created_ns(record.get("version_id"))
+        out += [(v, moved) for v in moved_from]
+    return [(v, at) for v, at in out if type(v) is str]
+
+
+def notes_of(raw: bytes | None) -> list[tuple[str, int]]:
+    """The well-formed [version_id, at] entries of a note value, in the order written;
+    an unreadable tail is left out."""
+    out: list[tuple[str, int]] = []
+    if not raw:
+        return out
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(raw), 1),
+                                max_array_len=4, max_str_len=256)
+    unpacker.feed(raw)
+    try:
+        for e in unpacker:
+            if type(e) is list and len(e) == 2 and type(e[0]) is str and type(e[1]) is int:
+                out.append((e[0], e[1]))
+    except (ValueError, msgpack.UnpackException, TypeError):
+        pass
     return out
 
 
-def replaced_names(held: Any, current: dict[str, Any], record: dict[str, Any]
-                   ) -> list[list[Any]]:
-    """The names to keep once `record` replaces `current`: what `current` read (if it lived
-    long enough to need a name), then what was `held` - none that `record` reads itself,
-    none older than REPLACED_FOR_NS, at most REPLACED_KEEP (those that lived longest before
-    their replacement), newest replacement first."""
+def new_notes(current: dict[str, Any], record: dict[str, Any]) -> list[tuple[str, int]]:
+    """What `record` replacing `current` adds to the notes: the versions `current` read
+    that lived REPLACED_MIN_LIFE_NS or more before now, and that `record` does not read
+    itself (an ACL change rewrites the same version)."""
     ts = record["ts"]
-    found: dict[str, int] = {}
-
-    def add(vid: Any, at: Any) -> None:
-        if type(vid) is str and type(at) is int and at >= ts - REPLACED_FOR_NS:
-            found[vid] = max(at, found.get(vid, at))
+    if type(ts) is not int:
+        return []
+    out = []
     for vid, moved in read_versions(current):
         at = ts if moved is None else moved
         if at - _created_ns(vid) >= REPLACED_MIN_LIFE_NS:
-            add(vid, at)
-    for e in held if type(held) is list else ():
-        if type(e) is list and len(e) == 2:
-            add(*e)
-    for vid, _ in read_versions(record):
-        found.pop(vid, None)
-    if len(found) > REPLACED_KEEP:
-        longest = sorted(found, key=lambda v: (_created_ns(v) - found[v], v))[:REPLACED_KEEP]
-        found = {v: found[v] for v in longest}
-    return [[v, at] for v, at in sorted(found.items(), key=lambda e: (-e[1], e[0]))]
+            out.append((vid, at))
+    if out:
+        keep = {v for v, _ in read_versions(record)}
+        out = [(v, at) for v, at in out if v not in keep]
+    return out
+
+
+def trimmed_notes(held: list[tuple[str, int]], fresh: list[tuple[str, int]], now_ns: int
+                  ) -> list[tuple[str, int]]:
+    """Notes cut back: every fresh one; of the held, none older than REPLACED_FOR_NS and
+    at most REPLACED_KEEP, those that lived longest before their replacement; one entry a
+    version (its latest replacement), oldest first."""
+    fresh_ids = {v for v, _ in fresh}
+    latest: dict[str, int] = {}
+    for v, at in held:
+        if v not in fresh_ids and at >= now_ns - REPLACED_FOR_NS:
+            latest[v] = max(at, latest.get(v, at))
+    if len(latest) > REPLACED_KEEP:
+        kept = sorted(latest, key=lambda v: (_created_ns(v) - latest[v], v))[:REPLACED_KEEP]
+        latest = {v: latest[v] for v in kept}
+    return sorted(latest.items(), key=lambda e: (e[1], e[0])) + fresh
+
+
+def pack_notes(entries: list[tuple[str, int]]) -> bytes:
+    return b"".join(pack([v, at]) for v, at in entries)
 
 
 def newest(k: bytes, record: dict[str, Any], packed: bytes | None = None
            ) -> Mutation[tuple[bool, dict[str, Any]]]:
     """Store record unless a newer one is there; (applied, current). `packed`: the
     record as it arrived, stored as it is (not packed a second time). An object record
-    that replaces one notes what that one read (`replaced_names`, beside it)."""
+    that replaces one notes what that one read (beside it: `new_notes`)."""
     tracked = k[:1] == b"o" and not k.startswith(_SYSTEM_PREFIXES)
 
     def fn(view: View) -> tuple[bool, dict[str, Any]]:
@@ -894,11 +931,14 @@ def newest(k: bytes, record: dict[str, Any], packed: bytes | None = None
             return False, current
         view.put(k, record if packed is None else packed, record)
         if tracked and current is not None:
-            rk = replaced_key(k)
-            raw = view.get_raw(rk)
-            held = unpack(raw) if raw is not None else None
-            names = replaced_names(held, current, record)
-            if names != (held or []):
-                view.stage(rk, pack(names) if names else None)
+            fresh = new_notes(current, record)
+            if fresh:
+                rk = replaced_key(k)
+                raw = view.get_raw(rk) or b""
+                if len(raw) >= REPLACED_TRIM_BYTES:
+                    view.stage(rk, pack_notes(trimmed_notes(notes_of(raw), fresh,
+                                                            record["ts"])))
+                else:
+                    view.stage(rk, raw + pack_notes(fresh))
         return True, record
     return fn

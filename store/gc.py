@@ -306,12 +306,13 @@ class GcReport(WorkReport):
 
 
 async def control_scan(c: Client, cmap: ClusterMap, needed_by: str = "garbage collection",
-                       replaced: dict[str, int] | None = None
+                       replaced: dict[str, int] | None = None, replaced_since: int = 1
                        ) -> dict[str, dict[tuple[str, str], dict[str, Any]]]:
     """Every object record every control node holds: {node_id: {(bucket, key): row}}.
     `replaced`, when given, gets every version any control node noted as read by a record
     since replaced (node.metadb.replaced_names), with the latest time it was: {version_id:
-    replaced_at_ns} - each notes what it held before, so replicas may differ.
+    replaced_at_ns} - each notes what it held before, so replicas may differ - those
+    replaced at or after `replaced_since` (gc's cutoff: older ones it does not need).
 
     Raises Unavailable unless every control node answered completely: garbage collection
     decides from what is absent, so it must see everything.
@@ -330,7 +331,7 @@ async def control_scan(c: Client, cmap: ClusterMap, needed_by: str = "garbage co
                 try:
                     query = {"after": after, "limit": SCAN_PAGE}
                     if replaced is not None and bucket not in SYSTEM_BUCKETS:
-                        query["replaced"] = 1
+                        query.update(replaced=1, replaced_since=max(1, replaced_since))
                     reply = await c.t.request("GET", node.address, f"/v1/list/{bucket}",
                                               query=query, timeout_s=60)
                 except BadRequest:
@@ -343,7 +344,8 @@ async def control_scan(c: Client, cmap: ClusterMap, needed_by: str = "garbage co
                 if replaced is not None:   # a node of an earlier version sends none
                     for names in (page.get("replaced") or {}).values():
                         for vid, at in named_replaced(names):
-                            replaced[vid] = max(at, replaced.get(vid, at))
+                            if at >= replaced_since:
+                                replaced[vid] = max(at, replaced.get(vid, at))
                 if not page["truncated"] or not page["records"]:
                     break
                 after = page["records"][-1]["key"]
@@ -510,7 +512,7 @@ async def prepare_gc(c: Client, grace_s: float = DEFAULT_GRACE_S,
     now_ns = time.time_ns()                           # after the listings, before the records
     running, expired = await running_puts(c, now_ns)  # before the records: see the docstring
     named: dict[str, int] = {}
-    scan = await control_scan(c, cmap, replaced=named)
+    scan = await control_scan(c, cmap, replaced=named, replaced_since=cutoff(now_ns, grace_s))
     parts = await recorded_parts(c)      # parts before objects: see store.multipart
     uploads = await upload_ids(c) | scanned_uploads(scan)   # after the parts: see the docstring
     orphans, young_orphans = plan_orphan_parts(parts, uploads, now_ns, grace_s)

@@ -1,7 +1,6 @@
 """When an object record replaces a live one, the control node notes the versions the old
-one read, beside it (node.metadb.replaced_names, replaced_key), and gc keeps what any
-replica noted for its grace after the replacement (store.gc.named_replaced,
-replaced_recently)."""
+one read, beside it (node.metadb.new_notes, replaced_key), and gc keeps what any replica
+noted for its grace after the replacement (store.gc.named_replaced, replaced_recently)."""
 from __future__ import annotations
 
 import asyncio
@@ -10,20 +9,23 @@ from typing import Any
 
 import pytest
 
-from node import metadb
+from node import control, metadb
 from node.control import list_page
 from node.metadb import (
     REPLACED_FOR_NS,
     GroupCommit,
     MetaDB,
+    new_notes,
     newest,
+    notes_of,
     object_key,
+    pack_notes,
     replaced_key,
-    replaced_names,
+    trimmed_notes,
 )
 from store.gc import named_replaced, replaced_recently
 from store.names import PUTS_BUCKET
-from store.wire import pack, unpack
+from store.wire import pack
 
 S = 10**9
 
@@ -38,88 +40,92 @@ def rec(version_id: str, ts: int, deleted: bool = False, **extra: Any) -> dict[s
             "size": 100, "segments": 1, **extra}
 
 
-def history(n: int, every_ns: int, start_ns: int = 1000 * S) -> list[dict[str, Any]]:
-    """n versions of one key, each written every_ns after the one before (created and
-    committed at once)."""
-    return [rec(vid(start_ns + i * every_ns, i), start_ns + i * every_ns) for i in range(n)]
+def at(t_s: float, tag: int = 0, **extra: Any) -> dict[str, Any]:
+    """A version created and committed at t_s."""
+    return rec(vid(int(t_s * S), tag), int(t_s * S), **extra)
 
 
-def replay(records: list[dict[str, Any]]) -> list[list[Any]]:
-    """The names held after each record in turn replaced the one before (what newest()
-    does on one control node), the last."""
-    held: list[list[Any]] = []
-    for before, after in zip(records, records[1:]):
-        held = replaced_names(held, before, after)
-    return held
-
-
-def names(held: list[list[Any]]) -> list[str]:
-    return [v for v, _ in held]
-
-
-def test_an_overwrite_names_what_the_old_version_read() -> None:
-    old = rec(vid(10 * S), 10 * S)
-    assert replaced_names(None, old, rec(vid(20 * S), 20 * S)) == [[old["version_id"], 20 * S]]
-    tomb = rec(vid(30 * S), 30 * S, deleted=True)
-    assert names(replaced_names(None, old, tomb)) == [old["version_id"]]   # a delete too
-    assert replaced_names(None, tomb, old) == []                           # a tombstone read none
-    assert replaced_names(None, {**old, "inline": b"x"}, tomb) == []       # nor an inline one
+def test_an_overwrite_notes_what_the_old_version_read() -> None:
+    old = at(10)
+    assert new_notes(old, at(20)) == [(old["version_id"], 20 * S)]
+    assert new_notes(old, at(30, deleted=True)) == [(old["version_id"], 30 * S)]   # a delete
+    assert new_notes(at(30, deleted=True), old) == []           # a tombstone read nothing
+    assert new_notes({**old, "inline": b"x"}, at(20)) == []     # nor an inline object
+    assert new_notes(old, at(10.5)) == []                       # lived under a second
     p1, p2 = vid(5 * S, 1), vid(6 * S, 2)
-    multi = rec(vid(9 * S), 9 * S, parts=[{"version_id": p1, "size": 5, "segments": 1},
-                                          {"version_id": p2, "size": 5, "segments": 1}])
-    assert sorted(names(replaced_names(None, multi, tomb))) == sorted([p1, p2])  # its parts
+    multi = at(9, parts=[{"version_id": p1, "size": 5, "segments": 1},
+                         {"version_id": p2, "size": 5, "segments": 1}])
+    assert sorted(v for v, _ in new_notes(multi, at(20))) == sorted([p1, p2])   # its parts
+    assert new_notes(multi, {**multi, "ts": 30 * S}) == []      # an ACL change: still read
     moved = rec(vid(40 * S), 20 * S, tiered_from=vid(10 * S), tiered_from_versions=[vid(10 * S)])
-    assert dict(map(tuple, replaced_names(None, moved, rec(vid(50 * S), 50 * S)))) == {
-        vid(40 * S): 50 * S, vid(10 * S): 40 * S}   # what the move replaced: at the move
-    same = {**multi, "ts": multi["ts"] + 1}         # an ACL change: the same parts, still live
-    assert replaced_names(None, multi, same) == []
+    assert dict(new_notes(moved, at(50))) == {vid(40 * S): 50 * S, vid(10 * S): 40 * S}
+    # a record of another shape never stops the put that replaces it
+    for odd in ({**multi, "parts": [{"version_id": None, "size": 1, "segments": 1}]},
+                {**moved, "tiered_from_versions": 5}, {**old, "version_id": 7},
+                {**old, "parts": "?"}):
+        new_notes(odd, at(60))
 
 
-def test_a_long_lived_version_is_named_whatever_came_before(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The version just overwritten after living long is what a reader is on: it is named
-    whatever the history - 5,000 overwrites half a second apart (too short-lived to need a
-    name: none noted), or more long-enough ones than the bound (those that lived least go)."""
-    quick = history(5_000, S // 2)
-    lasting = rec(vid(quick[-1]["ts"] + S // 2, 9), quick[-1]["ts"] + S // 2)
-    nxt = rec(vid(lasting["ts"] + 2 * 3600 * S, 10), lasting["ts"] + 2 * 3600 * S)
-    assert replay(quick) == []
-    assert names(replay([*quick, lasting, nxt])) == [lasting["version_id"]]
+def test_every_fresh_note_is_kept_and_the_held_ones_are_bounded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(metadb, "REPLACED_KEEP", 10)
-    many = history(50, 2 * S)
-    lasting = rec(vid(many[-1]["ts"] + 2 * S, 9), many[-1]["ts"] + 2 * S)
-    nxt = rec(vid(lasting["ts"] + 3600 * S, 10), lasting["ts"] + 3600 * S)
-    held = replay([*many, lasting, nxt])
-    assert len(held) == 10 and held[0] == [lasting["version_id"], nxt["ts"]]
-    far = rec(vid(nxt["ts"] + REPLACED_FOR_NS + S, 11), nxt["ts"] + REPLACED_FOR_NS + S)
-    assert names(replaced_names(held, nxt, far)) == [nxt["version_id"]]   # a day on
+    held = [(vid(int((100 + 2 * i) * S), i), int((102 + 2 * i) * S)) for i in range(50)]
+    lasting = (vid(200 * S, 99), 4000 * S)                       # lived an hour: kept
+    held.insert(20, lasting)
+    parts = [(vid(300 * S, 1000 + i), 5000 * S) for i in range(40)]   # a multipart's parts
+    out = trimmed_notes(held, parts, 5000 * S)
+    assert out[-40:] == parts                                    # every fresh one, last
+    assert len(out) == 50 and lasting in out                     # 10 held: the longest-lived
+    far = trimmed_notes(out, [], 5000 * S + REPLACED_FOR_NS + S)
+    assert far == []                                             # a day on
 
 
-def apply_all(db: MetaDB, bucket: str, records: list[dict[str, Any]]) -> list[bool]:
+def commit_all(db: MetaDB, bucket: str, key: str, records: list[dict[str, Any]]) -> list[bool]:
     commit = GroupCommit(db)
 
     async def go() -> list[bool]:
-        return [(await commit.apply(newest(object_key(bucket, "k"), r, pack(r))))[0]
+        return [(await commit.apply(newest(object_key(bucket, key), r, pack(r))))[0]
                 for r in records]
     return asyncio.run(go())
 
 
-def test_the_names_are_kept_beside_the_record_listed_for_gc_and_deleted_with_it(
-        tmp_path: Path) -> None:
+def test_notes_are_appended_beside_the_record_trimmed_and_deleted_with_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     db = MetaDB(tmp_path / "db", sync=False)
     try:
-        v = [vid(i * 10 * S) for i in range(1, 4)]
-        recs = [rec(v[0], 10 * S), rec(v[1], 20 * S), rec(v[2], 30 * S)]
-        assert apply_all(db, "b", recs) == [True, True, True]
-        assert db.get_raw(object_key("b", "k")) == pack(recs[2])     # the record as it came
-        assert unpack(db.get_raw(replaced_key(object_key("b", "k")))) == \
-            [[v[1], 30 * S], [v[0], 20 * S]]
-        assert apply_all(db, "b", [rec(v[0], 5 * S)]) == [False]      # older: nothing changes
-        apply_all(db, PUTS_BUCKET, recs)                              # a system bucket: none
+        recs = [at(10), at(20), at(20.5), at(40)]
+        assert commit_all(db, "b", "k", recs) == [True] * 4
+        assert db.get_raw(object_key("b", "k")) == pack(recs[3])   # the record as it came
+        rk = replaced_key(object_key("b", "k"))
+        # v3 lived half a second: not noted
+        assert notes_of(db.get_raw(rk)) == [(recs[0]["version_id"], 20 * S),
+                                            (recs[2]["version_id"], 40 * S)]
+        assert commit_all(db, "b", "k", [at(5)]) == [False]         # older: nothing changes
+        commit_all(db, PUTS_BUCKET, "k", recs)                       # a system bucket: none
         assert db.get_raw(replaced_key(object_key(PUTS_BUCKET, "k"))) is None
-        for i in range(5):                                            # more keys for paging
-            commit = GroupCommit(db)
-            asyncio.run(commit.apply(newest(object_key("b", f"m{i}"), recs[0])))
-            asyncio.run(commit.apply(newest(object_key("b", f"m{i}"), recs[1])))
+        monkeypatch.setattr(metadb, "REPLACED_TRIM_BYTES", 200)
+        monkeypatch.setattr(metadb, "REPLACED_KEEP", 2)
+        commit_all(db, "b", "k", [at(40 + 10 * i, i) for i in range(1, 12)])
+        assert len(db.get_raw(rk)) < 200 + 60                        # trimmed as it grew
+        assert notes_of(db.get_raw(rk))[-1] == (at(140, 10)["version_id"], 150 * S)
+
+        def purge(view: metadb.View) -> None:
+            view.delete(object_key("b", "k"))
+        asyncio.run(GroupCommit(db).apply(purge))
+        assert db.get_raw(rk) is None
+        db.write({rk: b"\xc1garbage"}, sync=False)                    # unreadable notes
+        assert commit_all(db, "b", "k", [at(500), at(600)]) == [True, True]
+    finally:
+        db.close()
+
+
+def test_a_listing_pages_the_notes_since_the_grace_and_ends_early_past_the_bound(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = MetaDB(tmp_path / "db", sync=False)
+    now = __import__("time").time_ns() // S
+    try:
+        for i in range(6):
+            commit_all(db, "b", f"m{i}", [at(now - 100, i), at(now - 50, i), at(now - 10, i)])
         seen: dict[str, Any] = {}
         after, pages = "", 0
         while True:
@@ -129,23 +135,25 @@ def test_the_names_are_kept_beside_the_record_listed_for_gc_and_deleted_with_it(
             if not page["truncated"]:
                 break
             after = page["records"][-1]["key"]
-        assert pages == 3 and sorted(seen) == ["k", "m0", "m1", "m2", "m3", "m4"]
-        assert seen["m3"] == [[v[0], 20 * S]]
+        assert pages == 3 and sorted(seen) == [f"m{i}" for i in range(6)]
+        assert all(len(v) == 2 for v in seen.values())
+        since = list_page(db, "b", "", "", 10, "", replaced=True, replaced_since=(now - 20) * S)
+        assert all(len(v) == 1 for v in since["replaced"].values())   # only the last one
         assert "replaced" not in list_page(db, "b", "", "", 10, "")   # only when asked
-
-        def purge(view: metadb.View) -> None:
-            view.delete(object_key("b", "k"))
-        asyncio.run(GroupCommit(db).apply(purge))
-        assert db.get_raw(replaced_key(object_key("b", "k"))) is None
+        monkeypatch.setattr(control, "MAX_NOTES_PER_PAGE", 3)
+        cut = list_page(db, "b", "", "", 10, "", replaced=True)
+        assert cut["truncated"] and [r["key"] for r in cut["records"]] == ["m0", "m1"]
+        assert sorted(cut["replaced"]) == ["m0", "m1"]
     finally:
         db.close()
 
 
-def test_gc_keeps_what_any_replica_named_within_the_grace() -> None:
+def test_gc_keeps_what_was_noted_within_the_grace() -> None:
     merged: dict[str, int] = {}
     for entries in ([["v8", 100 * S], ["v7", 50 * S]], [["v7", 60 * S], ["bad"], [3, S]]):
-        for v, at in named_replaced(entries):
-            merged[v] = max(at, merged.get(v, at))
+        for v, t in named_replaced(entries):
+            merged[v] = max(t, merged.get(v, t))
     assert merged == {"v8": 100 * S, "v7": 60 * S}
     assert replaced_recently(merged, 70 * S) == {"v8"}
     assert replaced_recently(merged, 10 * S) == {"v8", "v7"}
+    assert pack_notes([("a", 1)]) == pack(["a", 1])
