@@ -289,6 +289,8 @@ def list_page(db: MetaDB, bucket: str, prefix: str, after: str, limit: int, deli
     clock); the page ends early, at a key, rather than carry over MAX_NOTES_PER_PAGE."""
     if len(delimiter.encode()) > MAX_DELIMITER_BYTES:
         raise BadRequest(f"delimiter longer than {MAX_DELIMITER_BYTES} bytes")
+    if replaced and (delimiter or full):
+        raise BadRequest("replaced=1 lists notes beside records: not with a delimiter or full=1")
     base = object_key(bucket, "")
     start, since = base + prefix.encode(), base + after.encode() if after else b""
     reply: dict[str, Any] = {}
@@ -303,7 +305,7 @@ def list_page(db: MetaDB, bucket: str, prefix: str, after: str, limit: int, deli
         cut = len(base)
         for row in listed:
             row[0] = row[0][cut:].decode()
-        if replaced and not delimiter:
+        if replaced:
             # what the records in this page's key range replaced (node.metadb.new_notes),
             # keyed like the rows: gc's scan
             end = None if not truncated or not listed else base + listed[-1][0].encode()

@@ -9,7 +9,7 @@ its record (one written by a version without summaries, or none at all) is not u
 record is decoded instead, so a listing never depends on them. b"s" -> set once every
 object record has its summary (node.control.fill_summaries, at a node's first start on a
 database written before summaries; not checked again after). b"r" bucket b"\\0" key ->
-the versions the object record's predecessors read, for gc (`replaced_names` below).
+the versions the object record's predecessors read, for gc (`new_notes` below).
 Every record carries "ts" (ns) and "version_id"; a put keeps the newest by
 (ts, version_id), so replicas converge whatever the order of arrival.
 
@@ -36,7 +36,7 @@ import shutil
 import tempfile
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -468,23 +468,22 @@ class MetaDB:
         return out, False
 
     def replaced_in(self, prefix: bytes, after: bytes, last: bytes | None, since_ns: int
-                    ) -> list[tuple[bytes, list[tuple[str, int]]]]:
+                    ) -> Iterator[tuple[bytes, list[tuple[str, int]]]]:
         """(object key, its notes at or after since_ns) beside every object key that starts
-        with prefix, sorts after `after` and is at most `last` (None: no bound), sorted;
-        keys with no such note are left out."""
+        with prefix, sorts after `after` and is at most `last` (None: no bound), in key
+        order, read as they are asked for (a listing stops at its cut); keys with no such
+        note are left out."""
         it = self.db.iter()
         lo, hi = replaced_key(prefix), None if last is None else replaced_key(last)
         it.seek(max(lo, replaced_key(after) + b"\0") if after else lo)
-        out: list[tuple[bytes, list[tuple[str, int]]]] = []
         while it.valid():
             k = it.key()
             if not k.startswith(lo) or (hi is not None and k > hi):
-                break
+                return
             notes = [(v, at) for v, at in notes_of(it.value()) if at >= since_ns]
             if notes:
-                out.append((b"o" + k[1:], notes))
+                yield b"o" + k[1:], notes
             it.next()
-        return out
 
     def scan_listed(self, prefix: bytes, after: bytes, limit: int, cut_from: int = 0,
                     delimiter: bytes = b"") -> tuple[list[list[Any]], bool, bytes]:
@@ -817,17 +816,21 @@ class GroupCommit:
 # Cost: an overwrite that notes nothing does not touch the notes (a version replaced
 # within REPLACED_MIN_LIFE_NS of its creation is not noted: its creation-time grace ends at
 # most that much sooner, so a key overwritten ten times a second notes nothing); one that
-# does appends its entries to the bytes held, unread. Past REPLACED_TRIM_BYTES the notes are
-# read and trimmed: those older than REPLACED_FOR_NS go, then, past REPLACED_KEEP, the held
-# ones that lived least before their replacement (whose creation-time grace ends nearly as
-# late) - never those just added, a multipart object's 10,000 parts included. A longer
+# does appends its entries to the bytes held, unread but for the first (oldest) entry. The
+# notes are read and trimmed when that one is older than REPLACED_FOR_NS or the bytes pass
+# REPLACED_TRIM_BYTES (or do not start as notes do): those older than REPLACED_FOR_NS go,
+# then, past REPLACED_KEEP, the held ones that lived least before their replacement (whose
+# creation-time grace ends nearly as late) - never those just added, a multipart object's
+# 10,000 parts included. So a key holds at most a day of notes, and past 64 KiB at most
+# 1,000 of them besides the last put's. A longer
 # grace, a note dropped, and a record moved to another control node by a ring change (its
 # notes do not go along) fall back to the creation time. Not for system buckets (no reader
 # holds their fragments) or inline objects (a reader holds the bytes).
 REPLACED_MIN_LIFE_NS = 10**9
 REPLACED_FOR_NS = 24 * 3600 * 10**9
-REPLACED_KEEP = 2_000
-REPLACED_TRIM_BYTES = 256 * 1024
+REPLACED_KEEP = 1_000
+REPLACED_TRIM_BYTES = 64 * 1024
+MAX_NOTED_ID = 128             # a version id longer than ours (32) is not noted
 MAX_NOTES_PER_PAGE = 100_000
 _SYSTEM_PREFIXES = tuple(b"o" + name.encode() + b"\0" for name in SYSTEM_BUCKETS)
 
@@ -869,7 +872,7 @@ def notes_of(raw: bytes | None) -> list[tuple[str, int]]:
     if not raw:
         return out
     unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(raw), 1),
-                                max_array_len=4, max_str_len=256)
+                                max_array_len=4, max_str_len=4 * MAX_NOTED_ID)
     unpacker.feed(raw)
     try:
         for e in unpacker:
@@ -878,6 +881,14 @@ def notes_of(raw: bytes | None) -> list[tuple[str, int]]:
     except (ValueError, msgpack.UnpackException, TypeError):
         pass
     return out
+
+
+def _first_note_before(raw: bytes, cutoff_ns: int) -> bool:
+    """Whether the notes' first (oldest) entry is older than cutoff_ns - or the bytes do
+    not start with a well-formed entry (then they are rewritten: what follows an
+    unreadable entry could not be read)."""
+    first = notes_of(raw[:16 + 4 * MAX_NOTED_ID])[:1]
+    return not first or first[0][1] < cutoff_ns
 
 
 def new_notes(current: dict[str, Any], record: dict[str, Any]) -> list[tuple[str, int]]:
@@ -890,7 +901,7 @@ def new_notes(current: dict[str, Any], record: dict[str, Any]) -> list[tuple[str
     out = []
     for vid, moved in read_versions(current):
         at = ts if moved is None else moved
-        if at - _created_ns(vid) >= REPLACED_MIN_LIFE_NS:
+        if at - _created_ns(vid) >= REPLACED_MIN_LIFE_NS and len(vid) <= MAX_NOTED_ID:
             out.append((vid, at))
     if out:
         keep = {v for v, _ in read_versions(record)}
@@ -935,7 +946,8 @@ def newest(k: bytes, record: dict[str, Any], packed: bytes | None = None
             if fresh:
                 rk = replaced_key(k)
                 raw = view.get_raw(rk) or b""
-                if len(raw) >= REPLACED_TRIM_BYTES:
+                if raw and (len(raw) >= REPLACED_TRIM_BYTES
+                            or _first_note_before(raw, record["ts"] - REPLACED_FOR_NS)):
                     view.stage(rk, pack_notes(trimmed_notes(notes_of(raw), fresh,
                                                             record["ts"])))
                 else:

@@ -5,7 +5,7 @@ version is older than the grace period (its creation time is in the version id).
 one rule covers the fragments of puts that never committed, of overwritten versions
 and of deleted objects; a put still in flight is younger than the grace, so it is kept.
 The versions a record replaced - an overwrite, a delete (`replaced_recently`: each control
-node notes them beside the record it stores, node.metadb.replaced_names) or a tiering move
+node notes them beside the record it stores, node.metadb.new_notes) or a tiering move
 (`replaced_by_move`) - count as live while the replacement is younger than the grace: a
 reader that started on them reads on.
 
@@ -81,6 +81,7 @@ DEFAULT_GRACE_S = 3600.0
 FRAGMENT_BATCH = 64
 TOMBSTONE_BATCH = 32
 SCAN_PAGE = 10_000
+NOTES_SCAN_PAGE = 2_000    # with the notes of replaced versions (?replaced=1)
 _FID = re.compile(r"^([0-9a-f]{32})\.\d+\.\d+\Z")
 _VID = re.compile(r"^[0-9a-f]{32}\Z")
 
@@ -122,7 +123,7 @@ def replaced_by_move(record: Mapping[str, Any], cutoff_ns: int) -> list[str]:
 
 
 def named_replaced(entries: Any) -> list[tuple[str, int]]:
-    """The well-formed (version_id, replaced_at_ns) of a record's REPLACED field."""
+    """The well-formed (version_id, replaced_at_ns) entries of a key's notes (node.metadb)."""
     return [(e[0], e[1]) for e in entries or ()
             if isinstance(e, (list, tuple)) and len(e) == 2 and isinstance(e[0], str)
             and isinstance(e[1], int)]
@@ -130,7 +131,7 @@ def named_replaced(entries: Any) -> list[tuple[str, int]]:
 
 def replaced_recently(replaced: Mapping[str, int], cutoff_ns: int) -> set[str]:
     """The versions replaced (overwritten, deleted) within the grace - the control nodes
-    note them beside the records that replaced them (node.metadb.replaced_names), gc's scan
+    note them beside the records that replaced them (node.metadb.new_notes), gc's scan
     gathers every replica's: kept as if live, so a reader that opened one before reads to
     its end. By creation time alone, an overwritten version older than the grace went at
     the next gc (until the twenty-eighth session)."""
@@ -310,7 +311,7 @@ async def control_scan(c: Client, cmap: ClusterMap, needed_by: str = "garbage co
                        ) -> dict[str, dict[tuple[str, str], dict[str, Any]]]:
     """Every object record every control node holds: {node_id: {(bucket, key): row}}.
     `replaced`, when given, gets every version any control node noted as read by a record
-    since replaced (node.metadb.replaced_names), with the latest time it was: {version_id:
+    since replaced (node.metadb.new_notes), with the latest time it was: {version_id:
     replaced_at_ns} - each notes what it held before, so replicas may differ - those
     replaced at or after `replaced_since` (gc's cutoff: older ones it does not need).
 
@@ -331,7 +332,9 @@ async def control_scan(c: Client, cmap: ClusterMap, needed_by: str = "garbage co
                 try:
                     query = {"after": after, "limit": SCAN_PAGE}
                     if replaced is not None and bucket not in SYSTEM_BUCKETS:
-                        query.update(replaced=1, replaced_since=max(1, replaced_since))
+                        # smaller pages: each reads the notes of its keys on the node's loop
+                        query.update(replaced=1, replaced_since=max(1, replaced_since),
+                                     limit=NOTES_SCAN_PAGE)
                     reply = await c.t.request("GET", node.address, f"/v1/list/{bucket}",
                                               query=query, timeout_s=60)
                 except BadRequest:
@@ -342,8 +345,8 @@ async def control_scan(c: Client, cmap: ClusterMap, needed_by: str = "garbage co
                 for r in page["records"]:
                     rows[(bucket, r["key"])] = r
                 if replaced is not None:   # a node of an earlier version sends none
-                    for names in (page.get("replaced") or {}).values():
-                        for vid, at in named_replaced(names):
+                    for entries in (page.get("replaced") or {}).values():
+                        for vid, at in named_replaced(entries):
                             if at >= replaced_since:
                                 replaced[vid] = max(at, replaced.get(vid, at))
                 if not page["truncated"] or not page["records"]:

@@ -23,6 +23,7 @@ from node.metadb import (
     replaced_key,
     trimmed_notes,
 )
+from store.errors import BadRequest
 from store.gc import named_replaced, replaced_recently
 from store.names import PUTS_BUCKET
 from store.wire import pack
@@ -115,6 +116,25 @@ def test_notes_are_appended_beside_the_record_trimmed_and_deleted_with_it(
         assert db.get_raw(rk) is None
         db.write({rk: b"\xc1garbage"}, sync=False)                    # unreadable notes
         assert commit_all(db, "b", "k", [at(500), at(600)]) == [True, True]
+        assert notes_of(db.get_raw(rk)) == [(at(500)["version_id"], 600 * S)]   # rewritten
+
+        long_id = {**at(700), "version_id": "f" * 200}                # not one of ours
+        commit_all(db, "b", "k", [long_id, at(800), at(900)])
+        assert [v for v, _ in notes_of(db.get_raw(rk))][-1] == at(800)["version_id"]
+    finally:
+        db.close()
+
+
+def test_notes_older_than_a_day_go_at_the_next_note(tmp_path: Path) -> None:
+    db = MetaDB(tmp_path / "db", sync=False)
+    try:
+        day = REPLACED_FOR_NS // S
+        recs = [at(10), at(20), at(30), at(40 + day), at(50 + day)]
+        commit_all(db, "b", "k", recs)
+        rk = replaced_key(object_key("b", "k"))
+        # at 40 + day the first note (20) was over a day old: trimmed, not appended to
+        assert notes_of(db.get_raw(rk)) == [(recs[2]["version_id"], (40 + day) * S),
+                                            (recs[3]["version_id"], (50 + day) * S)]
     finally:
         db.close()
 
@@ -140,10 +160,30 @@ def test_a_listing_pages_the_notes_since_the_grace_and_ends_early_past_the_bound
         since = list_page(db, "b", "", "", 10, "", replaced=True, replaced_since=(now - 20) * S)
         assert all(len(v) == 1 for v in since["replaced"].values())   # only the last one
         assert "replaced" not in list_page(db, "b", "", "", 10, "")   # only when asked
+        commit_all(db, "b", "t", [at(now - 100), at(now - 50, deleted=True)])   # a tombstone
         monkeypatch.setattr(control, "MAX_NOTES_PER_PAGE", 3)
         cut = list_page(db, "b", "", "", 10, "", replaced=True)
         assert cut["truncated"] and [r["key"] for r in cut["records"]] == ["m0", "m1"]
         assert sorted(cut["replaced"]) == ["m0", "m1"]
+        for cap, limit, rows in ((1, 1, False), (3, 4, True), (5, 3, False), (100, 2, True)):
+            # gc's crawl, resumed after the last record of each page: every key and note
+            monkeypatch.setattr(control, "MAX_NOTES_PER_PAGE", cap)
+            keys: list[str] = []
+            notes: dict[str, Any] = {}
+            after = ""
+            for _ in range(50):
+                page = list_page(db, "b", "", after, limit, "", rows=rows, replaced=True)
+                got = [r[0] for r in page["rows"]] if rows else [r["key"] for r in page["records"]]
+                assert got or not page["truncated"], page
+                keys += got
+                notes.update(page["replaced"])
+                if not page["truncated"]:
+                    break
+                after = got[-1]
+            assert keys == [*(f"m{i}" for i in range(6)), "t"]
+            assert sorted(notes) == keys and all(len(v) == 2 for k, v in notes.items() if k != "t")
+        with pytest.raises(BadRequest):
+            list_page(db, "b", "", "", 10, "/", replaced=True)
     finally:
         db.close()
 
