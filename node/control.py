@@ -311,15 +311,16 @@ def list_page(db: MetaDB, bucket: str, prefix: str, after: str, limit: int, deli
             end = None if not truncated or not listed else base + listed[-1][0].encode()
             floor = max(replaced_since, time.time_ns() - REPLACED_FOR_NS)
             notes, count = {}, 0
-            for key, entries in db.replaced_in(start, since, end, floor):
+            for key, entries, read in db.replaced_in(start, since, end, floor):
                 name = key[cut:].decode()
                 if count >= MAX_NOTES_PER_PAGE and listed and name > listed[0][0]:
-                    # enough for one reply: the page ends before this key
+                    # enough read for one reply: the page ends before this key
                     listed = [r for r in listed if r[0] < name]
                     truncated = True
                     break
-                notes[name] = entries
-                count += len(entries)
+                if entries:
+                    notes[name] = entries
+                count += read     # what was decoded, sent or not: the loop's time
             reply["replaced"] = notes
         if rows:
             reply["rows"] = listed

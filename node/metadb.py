@@ -468,11 +468,11 @@ class MetaDB:
         return out, False
 
     def replaced_in(self, prefix: bytes, after: bytes, last: bytes | None, since_ns: int
-                    ) -> Iterator[tuple[bytes, list[tuple[str, int]]]]:
-        """(object key, its notes at or after since_ns) beside every object key that starts
-        with prefix, sorts after `after` and is at most `last` (None: no bound), in key
-        order, read as they are asked for (a listing stops at its cut); keys with no such
-        note are left out."""
+                    ) -> Iterator[tuple[bytes, list[tuple[str, int]], int]]:
+        """(object key, its notes at or after since_ns, how many notes were read) beside
+        every object key that starts with prefix, sorts after `after` and is at most `last`
+        (None: no bound), in key order, read as they are asked for (a listing stops at its
+        cut)."""
         it = self.db.iter()
         lo, hi = replaced_key(prefix), None if last is None else replaced_key(last)
         it.seek(max(lo, replaced_key(after) + b"\0") if after else lo)
@@ -480,10 +480,11 @@ class MetaDB:
             k = it.key()
             if not k.startswith(lo) or (hi is not None and k > hi):
                 return
-            notes = [(v, at) for v, at in notes_of(it.value()) if at >= since_ns]
-            if notes:
-                yield b"o" + k[1:], notes
+            read = notes_of(it.value())
+            notes = [(v, at) for v, at in read if at >= since_ns]
+            yield b"o" + k[1:], notes, len(read)
             it.next()
+        self._ended(it)     # a read that failed: not a short answer taken for complete
 
     def scan_listed(self, prefix: bytes, after: bytes, limit: int, cut_from: int = 0,
                     delimiter: bytes = b"") -> tuple[list[list[Any]], bool, bytes]:
@@ -815,22 +816,25 @@ class GroupCommit:
 # rather than carry more than MAX_NOTES_PER_PAGE).
 # Cost: an overwrite that notes nothing does not touch the notes (a version replaced
 # within REPLACED_MIN_LIFE_NS of its creation is not noted: its creation-time grace ends at
-# most that much sooner, so a key overwritten ten times a second notes nothing); one that
+# most that much sooner, so a key overwritten every few seconds notes nothing); one that
 # does appends its entries to the bytes held, unread but for the first (oldest) entry. The
-# notes are read and trimmed when that one is older than REPLACED_FOR_NS or the bytes pass
-# REPLACED_TRIM_BYTES (or do not start as notes do): those older than REPLACED_FOR_NS go,
-# then, past REPLACED_KEEP, the held ones that lived least before their replacement (whose
-# creation-time grace ends nearly as late) - never those just added, a multipart object's
-# 10,000 parts included. So a key holds at most a day of notes, and past 64 KiB at most
-# 1,000 of them besides the last put's. A longer
+# notes are read and trimmed when that one is a quarter day past REPLACED_FOR_NS (then to
+# REPLACED_FOR_NS: a rewrite every six hours, not at every put), or the bytes pass
+# REPLACED_TRIM_BYTES, or they do not start as notes do: those older than REPLACED_FOR_NS
+# go; those younger than REPLACED_FLOOR_NS stay (a multipart object's 10,000 parts noted at
+# an overwrite, through the puts after it); of the rest, past REPLACED_KEEP, those that
+# lived least before their replacement (whose creation-time grace ends nearly as late)
+# go - never those just added. A longer
 # grace, a note dropped, and a record moved to another control node by a ring change (its
 # notes do not go along) fall back to the creation time. Not for system buckets (no reader
 # holds their fragments) or inline objects (a reader holds the bytes).
-REPLACED_MIN_LIFE_NS = 10**9
+REPLACED_MIN_LIFE_NS = 10 * 10**9
 REPLACED_FOR_NS = 24 * 3600 * 10**9
+REPLACED_FLOOR_NS = 2 * 3600 * 10**9   # notes this young are never dropped by the bound
 REPLACED_KEEP = 1_000
 REPLACED_TRIM_BYTES = 64 * 1024
 MAX_NOTED_ID = 128             # a version id longer than ours (32) is not noted
+NOTE_BYTES = 45                # one packed note of one of our version ids
 MAX_NOTES_PER_PAGE = 100_000
 _SYSTEM_PREFIXES = tuple(b"o" + name.encode() + b"\0" for name in SYSTEM_BUCKETS)
 
@@ -911,17 +915,26 @@ def new_notes(current: dict[str, Any], record: dict[str, Any]) -> list[tuple[str
 
 def trimmed_notes(held: list[tuple[str, int]], fresh: list[tuple[str, int]], now_ns: int
                   ) -> list[tuple[str, int]]:
-    """Notes cut back: every fresh one; of the held, none older than REPLACED_FOR_NS and
-    at most REPLACED_KEEP, those that lived longest before their replacement; one entry a
-    version (its latest replacement), oldest first."""
+    """Notes cut back: every fresh one; of the held, none older than REPLACED_FOR_NS, every
+    one younger than REPLACED_FLOOR_NS (gc's default grace is an hour: a multipart object's
+    parts noted at an overwrite stay through the next puts), and of the rest at most
+    REPLACED_KEEP, those that lived longest before their replacement (ties: the latest
+    replaced); one entry a version (its latest replacement), oldest first."""
     fresh_ids = {v for v, _ in fresh}
     latest: dict[str, int] = {}
     for v, at in held:
         if v not in fresh_ids and at >= now_ns - REPLACED_FOR_NS:
             latest[v] = max(at, latest.get(v, at))
-    if len(latest) > REPLACED_KEEP:
-        kept = sorted(latest, key=lambda v: (_created_ns(v) - latest[v], v))[:REPLACED_KEEP]
-        latest = {v: latest[v] for v in kept}
+    older = [v for v, at in latest.items() if at < now_ns - REPLACED_FLOOR_NS]
+    # room for the older ones: REPLACED_KEEP, and what keeps the notes under half the trim
+    # bound with the young and fresh (else the next put would trim again, and every one
+    # after it: 1.3 ms a put for a key overwritten every 12 s)
+    room = min(REPLACED_KEEP, max(0, REPLACED_TRIM_BYTES // 2 // NOTE_BYTES
+                                  - (len(latest) - len(older)) - len(fresh)))
+    if len(older) > room:
+        kept = set(sorted(older, key=lambda v: (_created_ns(v) - latest[v], -latest[v], v))
+                   [:room])
+        latest = {v: at for v, at in latest.items() if v in kept or at >= now_ns - REPLACED_FLOOR_NS}
     return sorted(latest.items(), key=lambda e: (e[1], e[0])) + fresh
 
 
@@ -945,9 +958,14 @@ def newest(k: bytes, record: dict[str, Any], packed: bytes | None = None
             fresh = new_notes(current, record)
             if fresh:
                 rk = replaced_key(k)
-                raw = view.get_raw(rk) or b""
+                try:
+                    raw = view.get_raw(rk) or b""
+                except EcstoreError:      # the notes cannot be read: the put goes on
+                    return True, record
+                # past the bound, or the oldest note a quarter day past its day (then
+                # trimmed to a day: a rewrite every six hours, not at every put)
                 if raw and (len(raw) >= REPLACED_TRIM_BYTES
-                            or _first_note_before(raw, record["ts"] - REPLACED_FOR_NS)):
+                            or _first_note_before(raw, record["ts"] - REPLACED_FOR_NS * 5 // 4)):
                     view.stage(rk, pack_notes(trimmed_notes(notes_of(raw), fresh,
                                                             record["ts"])))
                 else:

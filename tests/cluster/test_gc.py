@@ -486,8 +486,8 @@ def test_an_overwritten_or_deleted_version_is_kept_for_the_grace_after(
             old = {k: {**await c.live_record("gc-after", k), "key": k}
                    for k in ("over", "gone", "multi")}
             part_vids = [p["version_id"] for p in old["multi"]["parts"]]
-            await asyncio.sleep(grace_s + 1.0)       # every version older than the grace,
-            reader = c.get_stream("gc-after", "over")   # and alive long enough to be noted
+            await asyncio.sleep(10.5)       # every version older than the grace, and alive
+            reader = c.get_stream("gc-after", "over")   # long enough to be noted (10 s)
             got = [bytes(await anext(reader))]
             await c.put("gc-after", "over", second)
             await c.put("gc-after", "multi", second)
@@ -536,13 +536,13 @@ def test_replicas_that_noted_different_versions_are_all_heeded(
             await c.put("gc-split", "k", os.urandom(300_000))
             v0 = (await settled(c, "gc-split", "k"))[0]["version_id"]
             [down, *_] = (await c.cluster_map()).control_nodes_for("gc-split/k")
-            await asyncio.sleep(1.5)                 # long enough to be noted
+            await asyncio.sleep(10.5)                # long enough to be noted (10 s)
             cluster.stop_node(down.id)
             await c.put("gc-split", "k", os.urandom(300_001))
             v1 = (await c.read_record("gc-split", "k"))["version_id"]  # type: ignore[index]
             cluster.start_node(down.id)
             cluster.wait_healthy([down.id])
-            await asyncio.sleep(1.5)
+            await asyncio.sleep(10.5)
             await c.put("gc-split", "k", os.urandom(300_002))
             held = await settled(c, "gc-split", "k")
             assert sorted(await noted(c, "gc-split", "k")) == [[v0], sorted([v0, v1]),

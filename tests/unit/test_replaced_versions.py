@@ -67,18 +67,29 @@ def test_an_overwrite_notes_what_the_old_version_read() -> None:
         new_notes(odd, at(60))
 
 
-def test_every_fresh_note_is_kept_and_the_held_ones_are_bounded(
+def test_every_fresh_and_young_note_is_kept_and_the_older_ones_are_bounded(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(metadb, "REPLACED_KEEP", 10)
-    held = [(vid(int((100 + 2 * i) * S), i), int((102 + 2 * i) * S)) for i in range(50)]
+    now = 5 * 3600 * S
+    held = [(vid(int((100 + 20 * i) * S), i), int((120 + 20 * i) * S)) for i in range(50)]
     lasting = (vid(200 * S, 99), 4000 * S)                       # lived an hour: kept
     held.insert(20, lasting)
-    parts = [(vid(300 * S, 1000 + i), 5000 * S) for i in range(40)]   # a multipart's parts
-    out = trimmed_notes(held, parts, 5000 * S)
-    assert out[-40:] == parts                                    # every fresh one, last
-    assert len(out) == 50 and lasting in out                     # 10 held: the longest-lived
-    far = trimmed_notes(out, [], 5000 * S + REPLACED_FOR_NS + S)
-    assert far == []                                             # a day on
+    # a multipart object's 300 parts, noted at an overwrite half an hour ago: all kept
+    group = [(vid(300 * S, 1000 + i), now - 1800 * S) for i in range(300)]
+    fresh = [(vid(400 * S, 5000 + i), now) for i in range(40)]
+    out = trimmed_notes(held + group, fresh, now)
+    assert out[-40:] == fresh                                    # every fresh one, last
+    assert set(group) <= set(out)                                # young: never dropped
+    older = [e for e in out if e not in group and e not in fresh]
+    assert len(older) == 10 and lasting in older                 # the longest-lived
+    assert trimmed_notes(out, [], now + REPLACED_FOR_NS + S) == []   # a day on
+    # 10,000 young parts: every one kept, no room left for older notes (the bytes stay
+    # under half the trim bound when they can, so the next puts append, not trim again)
+    big = [(vid(300 * S, 20000 + i), now - 1800 * S) for i in range(10_000)]
+    out = trimmed_notes(held + big, fresh, now)
+    assert set(big) <= set(out) and out[-40:] == fresh and len(out) == 10_040
+    few = trimmed_notes(held, [], now)
+    assert len(pack_notes(few)) <= metadb.REPLACED_TRIM_BYTES // 2
 
 
 def commit_all(db: MetaDB, bucket: str, key: str, records: list[dict[str, Any]]) -> list[bool]:
@@ -106,6 +117,7 @@ def test_notes_are_appended_beside_the_record_trimmed_and_deleted_with_it(
         assert db.get_raw(replaced_key(object_key(PUTS_BUCKET, "k"))) is None
         monkeypatch.setattr(metadb, "REPLACED_TRIM_BYTES", 200)
         monkeypatch.setattr(metadb, "REPLACED_KEEP", 2)
+        monkeypatch.setattr(metadb, "REPLACED_FLOOR_NS", 0)
         commit_all(db, "b", "k", [at(40 + 10 * i, i) for i in range(1, 12)])
         assert len(db.get_raw(rk)) < 200 + 60                        # trimmed as it grew
         assert notes_of(db.get_raw(rk))[-1] == (at(140, 10)["version_id"], 150 * S)
@@ -125,16 +137,21 @@ def test_notes_are_appended_beside_the_record_trimmed_and_deleted_with_it(
         db.close()
 
 
-def test_notes_older_than_a_day_go_at_the_next_note(tmp_path: Path) -> None:
+def test_notes_go_a_quarter_day_after_their_day_not_at_every_put(tmp_path: Path) -> None:
     db = MetaDB(tmp_path / "db", sync=False)
     try:
         day = REPLACED_FOR_NS // S
-        recs = [at(10), at(20), at(30), at(40 + day), at(50 + day)]
-        commit_all(db, "b", "k", recs)
+        t1 = 40 + day * 13 // 10
+        recs = [at(10), at(20), at(30), at(t1), at(t1 + 10), at(t1 + day * 11 // 10)]
+        commit_all(db, "b", "k", recs[:5])
         rk = replaced_key(object_key("b", "k"))
-        # at 40 + day the first note (20) was over a day old: trimmed, not appended to
-        assert notes_of(db.get_raw(rk)) == [(recs[2]["version_id"], (40 + day) * S),
-                                            (recs[3]["version_id"], (50 + day) * S)]
+        # at t1 the oldest note (20) was past a day and a quarter: trimmed to a day
+        assert notes_of(db.get_raw(rk)) == [(recs[2]["version_id"], t1 * S),
+                                            (recs[3]["version_id"], (t1 + 10) * S)]
+        commit_all(db, "b", "k", recs[5:])
+        # its oldest (t1) now 1.1 days old: appended to, not rewritten
+        assert [at_ for _, at_ in notes_of(db.get_raw(rk))] == [t1 * S, (t1 + 10) * S,
+                                                                 recs[5]["ts"]]
     finally:
         db.close()
 
