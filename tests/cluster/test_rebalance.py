@@ -147,6 +147,18 @@ def test_interrupted_rebalance_resumes(cluster: LocalCluster, objects: dict[str,
             assert c.get("grow", k) == v, k
 
 
+def live_versions(cluster: LocalCluster) -> set[str]:
+    """Every version a live object's record reads fragments of (its extents')."""
+    from store.striping import record_extents
+    from store.workers import live_records
+
+    async def go() -> set[str]:
+        async with Client.connect(cluster.path) as c:
+            return {e.version_id async for _, _, r in live_records(c, read_repair=False)
+                    for e in record_extents(r)}
+    return asyncio.run(go())
+
+
 def test_drain_a_node_loses_nothing_and_empties_it(cluster: LocalCluster,
                                                    objects: dict[str, bytes]) -> None:
     others = [i for i, n in cluster.nodes.items() if n.role == "storage" and i != "s4"]
@@ -162,7 +174,15 @@ def test_drain_a_node_loses_nothing_and_empties_it(cluster: LocalCluster,
     # what is left in its directory (the dead versions' volume bytes, headers) is named
     assert done["data_dir"] == str(cluster.dir / "s4") and done["data_bytes_left"] > 0
     assert done["moved"] >= moving and done["bytes_moved"] > 0 and done["passes"] >= 1
-    assert fragments_on_disk(cluster.dir / "s4") == {}
+    left = set(fragments_on_disk(cluster.dir / "s4"))
+    if left:
+        # what the drain promises: no fragment a live object needs is left only there (a
+        # dead put's fragment, or a late copy the put also placed elsewhere, may stay -
+        # a fresh-clone CI run once left one of the load's)
+        now_elsewhere = set().union(*(fragments_on_disk(cluster.dir / i) for i in others))
+        live = live_versions(cluster)
+        only_there = {f for f in left if f not in now_elsewhere and f.split(".")[0] in live}
+        assert not only_there, only_there
     # what rebalance moved is written uncached where the kernel takes it (the load's
     # own puts are not): at least every fragment of s4 that now is on another node and
     # was not before. (Not every fragment s4 held: a copy the interrupted rebalance above
