@@ -52,6 +52,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from cli.ops import dir_bytes
+
 K, M, STORAGE_NODES, CONTROL_NODES = 4, 2, 6, 3   # bench.compare's cluster
 DEFAULT_OBJECTS = (5_000, 20_000)
 QUICK_OBJECTS = (1_000, 4_000)
@@ -196,17 +198,6 @@ def cluster_dir() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
-
-
-def dir_bytes(path: Path) -> int:
-    total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(root, f)).st_blocks * 512
-            except OSError:
-                pass
-    return total
 
 
 async def put_until(cluster_path: Path, start: int, stop: int, log: Log) -> dict[str, Any]:
@@ -526,7 +517,7 @@ def run(counts: Iterable[int], breakdown: bool, log: Log, report: dict[str, Any]
                 log(f"memory breakdown at {have:,} objects (tracemalloc, in this process)")
                 report["memory_breakdown"] = {"objects": have,
                                               **asyncio.run(memory_breakdown(cluster.path))}
-            report["disk"]["cluster_bytes"] = dir_bytes(tmp)
+            report["disk"]["cluster_bytes"] = dir_bytes(tmp, allocated=True)
         finally:
             log("cluster: stopping")
             cluster.stop()

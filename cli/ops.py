@@ -676,11 +676,13 @@ def register(sub: Any, with_client: Any) -> None:
 __all__ = ["register", "change_ring", "Path"]
 
 
-def dir_bytes(path: Path) -> int:
-    """The bytes of the files under path (0 if it is gone)."""
+def dir_bytes(path: Path, allocated: bool = False) -> int:
+    """The bytes of the files under path (0 if it is gone); `allocated`: the disk space
+    they take (their blocks), not their sizes."""
     total = 0
     for root, _, files in os.walk(path):
         for name in files:
             with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, name)).st_size
+                st = os.lstat(os.path.join(root, name))
+                total += st.st_blocks * 512 if allocated else st.st_size
     return total
