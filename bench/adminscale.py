@@ -347,7 +347,7 @@ async def memory_breakdown(cluster_path: Path) -> dict[str, Any]:
             return (await all_listings(c, cmap.all_storage_nodes()))[0]
 
         async def scan_() -> dict[str, dict[tuple[str, str], dict[str, Any]]]:
-            return await control_scan(c, cmap, replaced={})   # as gc asks
+            return await control_scan(c, cmap)   # as gc asks
 
         async def homes_() -> dict[str, frozenset[str]]:
             homes: dict[str, frozenset[str]] = {}

@@ -277,7 +277,7 @@ MAX_DELIMITER_BYTES = MAX_ROLLED_DELIMITER_BYTES   # what the client pushes down
 
 def list_page(db: MetaDB, bucket: str, prefix: str, after: str, limit: int, delimiter: str,
               full: bool = False, rows: bool = False, replaced: bool = False,
-              replaced_since: int = 1) -> dict[str, Any]:
+              replaced_since: int = 1, notes_only: bool = False) -> dict[str, Any]:
     """A sorted page of object records (tombstones included: the client merge drops them).
     With a delimiter (and not `full`), each common prefix is cut short at its first live
     record (MetaDB.scan_listed) and the reply says where to resume. `full`: whole records,
@@ -286,14 +286,21 @@ def list_page(db: MetaDB, bucket: str, prefix: str, after: str, limit: int, deli
     `replaced` (gc's scan, no delimiter): also "replaced", {key: the versions its
     predecessors read, [[version_id, replaced_at_ns], ...]} for the page's key range, those
     replaced at or after `replaced_since` (and within REPLACED_FOR_NS of this node's
-    clock); the page ends early, at a key, rather than carry over MAX_NOTES_PER_PAGE."""
+    clock); the page ends early, at a key, rather than carry over MAX_NOTES_PER_PAGE.
+    `notes_only` (with `replaced`; gc's scan of the notes after its read of the live
+    records): no records, only the notes, of up to `limit` keys that have any, and "last",
+    the key to resume after."""
     if len(delimiter.encode()) > MAX_DELIMITER_BYTES:
         raise BadRequest(f"delimiter longer than {MAX_DELIMITER_BYTES} bytes")
     if replaced and (delimiter or full):
         raise BadRequest("replaced=1 lists notes beside records: not with a delimiter or full=1")
+    if notes_only and not replaced:
+        raise BadRequest("notes=1 lists the notes of replaced versions: it needs replaced=1")
     base = object_key(bucket, "")
     start, since = base + prefix.encode(), base + after.encode() if after else b""
     reply: dict[str, Any] = {}
+    if notes_only:
+        return notes_page(db, base, start, since, limit, replaced_since, rows)
     if full:
         records, truncated = db.scan(start, since, limit)
         reply["records"] = [{**r, "key": k[len(base):].decode()} for k, r in records]
@@ -330,8 +337,33 @@ def list_page(db: MetaDB, bucket: str, prefix: str, after: str, limit: int, deli
     return reply
 
 
+def notes_page(db: MetaDB, base: bytes, start: bytes, since: bytes, limit: int,
+               replaced_since: int, rows: bool) -> dict[str, Any]:
+    """list_page's `notes_only` answer: the notes of the keys under `start` after `since`
+    (object keys), up to `limit` keys that have notes (those older than replaced_since
+    left out) and MAX_NOTES_PER_PAGE notes read. Shaped as a listing page with no records
+    (a node of an earlier version, which does not know notes=1, answers the records and
+    their notes: the client reads both)."""
+    floor = max(replaced_since, time.time_ns() - REPLACED_FOR_NS)
+    notes: dict[str, Any] = {}
+    count, keys, last, truncated = 0, 0, "", False
+    cut = len(base)
+    for key, entries, read in db.replaced_in(start, since, None, floor):
+        if keys >= limit or (keys and count >= MAX_NOTES_PER_PAGE):
+            truncated = True            # another key is there: the next page starts at it
+            break
+        last = key[cut:].decode()
+        if entries:
+            notes[last] = entries
+        count += read
+        keys += 1
+    return {"rows" if rows else "records": [], "replaced": notes, "truncated": truncated,
+            "last": last}
+
+
 async def list_objects(request: web.Request) -> web.Response:
-    """GET /v1/list/{bucket}?prefix=&after=&limit=&delimiter=&full=1&rows=1: list_page."""
+    """GET /v1/list/{bucket}?prefix=&after=&limit=&delimiter=&full=1&rows=1&replaced=1
+    &replaced_since=&notes=1: list_page."""
     return web.Response(body=list_reply(request.app[DB], request.match_info["bucket"],
                                          request.query), content_type=MSGPACK)
 
@@ -344,7 +376,8 @@ def list_reply(db: MetaDB, bucket: str, query: Mapping[str, str]) -> bytes:
         query.get("after", ""), int_param(query.get("limit"), "limit", 1000, MAX_SCAN_LIMIT),
         query.get("delimiter", ""), query.get("full") == "1", query.get("rows") == "1",
         query.get("replaced") == "1",
-        int_param(query.get("replaced_since"), "replaced_since", 1, 2**63 - 1)))
+        int_param(query.get("replaced_since"), "replaced_since", 1, 2**63 - 1),
+        query.get("notes") == "1"))
 
 
 ACCESS_HISTORY_MINUTES = 24 * 60   # read counts are kept per minute for this long

@@ -7,7 +7,9 @@ and of deleted objects; a put still in flight is younger than the grace, so it i
 The versions a record replaced - an overwrite, a delete (`replaced_recently`: each control
 node notes them beside the record it stores, node.metadb.new_notes) or a tiering move
 (`replaced_by_move`) - count as live while the replacement is younger than the grace: a
-reader that started on them reads on.
+reader that started on them reads on. The notes are read after the live records: a key
+replaced before its record was read is noted by then, one replaced after had its old
+version read as live.
 
 Ordering matters (see `prepare_gc`): the fragment listings are gathered FIRST, then the
 clock is read, then the records of running puts, then the live records. Any version
@@ -81,7 +83,7 @@ DEFAULT_GRACE_S = 3600.0
 FRAGMENT_BATCH = 64
 TOMBSTONE_BATCH = 32
 SCAN_PAGE = 10_000
-NOTES_SCAN_PAGE = 2_000    # with the notes of replaced versions (?replaced=1)
+NOTES_SCAN_PAGE = 2_000    # keys with notes of replaced versions (?replaced=1&notes=1)
 _FID = re.compile(r"^([0-9a-f]{32})\.\d+\.\d+\Z")
 _VID = re.compile(r"^[0-9a-f]{32}\Z")
 
@@ -306,23 +308,14 @@ class GcReport(WorkReport):
         return {**super().to_dict(), "error_count": len(self.errors)}
 
 
-async def control_scan(c: Client, cmap: ClusterMap, needed_by: str = "garbage collection",
-                       replaced: dict[str, int] | None = None, replaced_since: int = 1
+async def control_scan(c: Client, cmap: ClusterMap, needed_by: str = "garbage collection"
                        ) -> dict[str, dict[tuple[str, str], dict[str, Any]]]:
     """Every object record every control node holds: {node_id: {(bucket, key): row}}.
-    `replaced`, when given, gets every version any control node noted as read by a record
-    since replaced (node.metadb.new_notes), with the latest time it was: {version_id:
-    replaced_at_ns} - each notes what it held before, so replicas may differ - those
-    replaced at or after `replaced_since` (gc's cutoff: older ones it does not need).
 
     Raises Unavailable unless every control node answered completely: garbage collection
     decides from what is absent, so it must see everything.
     """
     nodes = cmap.control.nodes
-
-    async def buckets(node: Node) -> list[str]:
-        reply = await c.t.request("GET", node.address, "/v1/buckets", timeout_s=META_TIMEOUT_S)
-        return [b["name"] for b in unpack(reply.body)["buckets"]] + sorted(SYSTEM_BUCKETS)
 
     async def scan(node: Node, names: list[str]) -> dict[tuple[str, str], dict[str, Any]]:
         rows: dict[tuple[str, str], dict[str, Any]] = {}
@@ -330,13 +323,9 @@ async def control_scan(c: Client, cmap: ClusterMap, needed_by: str = "garbage co
             after = ""
             while True:
                 try:
-                    query = {"after": after, "limit": SCAN_PAGE}
-                    if replaced is not None and bucket not in SYSTEM_BUCKETS:
-                        # smaller pages: each reads the notes of its keys on the node's loop
-                        query.update(replaced=1, replaced_since=max(1, replaced_since),
-                                     limit=NOTES_SCAN_PAGE)
                     reply = await c.t.request("GET", node.address, f"/v1/list/{bucket}",
-                                              query=query, timeout_s=60)
+                                              query={"after": after, "limit": SCAN_PAGE},
+                                              timeout_s=60)
                 except BadRequest:
                     if bucket == PUTS_BUCKET:    # a node of an earlier version: holds none
                         break
@@ -344,22 +333,72 @@ async def control_scan(c: Client, cmap: ClusterMap, needed_by: str = "garbage co
                 page = unpack(reply.body, 64 * 1024 * 1024)
                 for r in page["records"]:
                     rows[(bucket, r["key"])] = r
-                if replaced is not None:   # a node of an earlier version sends none
-                    for entries in (page.get("replaced") or {}).values():
-                        for vid, at in named_replaced(entries):
-                            if at >= replaced_since:
-                                replaced[vid] = max(at, replaced.get(vid, at))
                 if not page["truncated"] or not page["records"]:
                     break
                 after = page["records"][-1]["key"]
         return rows
 
     try:
-        names = sorted(set().union(*await asyncio.gather(*(buckets(n) for n in nodes))))
+        names = await all_bucket_names(c, nodes)
         scans = await asyncio.gather(*(scan(n, names) for n in nodes))
     except EcstoreError as exc:
         raise Unavailable(f"{needed_by} needs every control node: {exc.message}") from None
     return {n.id: s for n, s in zip(nodes, scans)}
+
+
+async def all_bucket_names(c: Client, nodes: Sequence[Node]) -> list[str]:
+    """Every bucket any of `nodes` knows, and the system buckets."""
+    async def buckets(node: Node) -> list[str]:
+        reply = await c.t.request("GET", node.address, "/v1/buckets", timeout_s=META_TIMEOUT_S)
+        return [b["name"] for b in unpack(reply.body)["buckets"]] + sorted(SYSTEM_BUCKETS)
+    return sorted(set().union(*await asyncio.gather(*(buckets(n) for n in nodes))))
+
+
+async def replaced_notes(c: Client, cmap: ClusterMap, since_ns: int = 1) -> dict[str, int]:
+    """Every version any control node noted as read by a record since replaced
+    (node.metadb.new_notes) at or after `since_ns` (gc's cutoff: older ones it does not
+    need), with the latest time it was: {version_id: replaced_at_ns}. Each notes what it
+    held before, so replicas differ: every control node is read. gc reads these after the
+    live records (see prepare_gc).
+
+    Raises Unavailable unless every control node answered completely.
+    """
+    nodes = cmap.control.nodes
+    since_ns = max(1, since_ns)
+    out: dict[str, int] = {}
+
+    async def scan(node: Node, names: list[str]) -> None:
+        for bucket in names:
+            if bucket in SYSTEM_BUCKETS:
+                continue
+            after = ""
+            while True:
+                # notes=1: only the keys with notes (a node of an earlier version lists the
+                # records too, with their notes: read the same way, resumed after its last)
+                reply = await c.t.request(
+                    "GET", node.address, f"/v1/list/{bucket}", timeout_s=60,
+                    query={"after": after, "limit": NOTES_SCAN_PAGE, "replaced": 1,
+                           "replaced_since": since_ns, "notes": 1})
+                page = unpack(reply.body, 64 * 1024 * 1024)
+                if "replaced" not in page:    # a node of a version before the notes
+                    break
+                for entries in page["replaced"].values():
+                    for vid, at in named_replaced(entries):
+                        if at >= since_ns:
+                            out[vid] = max(at, out.get(vid, at))
+                last = page.get("last") or (page["records"][-1]["key"] if page["records"]
+                                            else "")
+                if not page["truncated"] or not last:
+                    break
+                after = last
+
+    try:
+        names = await all_bucket_names(c, nodes)
+        await asyncio.gather(*(scan(n, names) for n in nodes))
+    except EcstoreError as exc:
+        raise Unavailable(f"garbage collection needs every control node: {exc.message}"
+                          ) from None
+    return out
 
 
 class GcWorker:
@@ -514,8 +553,7 @@ async def prepare_gc(c: Client, grace_s: float = DEFAULT_GRACE_S,
     listings, errors = await all_listings(c, cmap.all_storage_nodes())
     now_ns = time.time_ns()                           # after the listings, before the records
     running, expired = await running_puts(c, now_ns)  # before the records: see the docstring
-    named: dict[str, int] = {}
-    scan = await control_scan(c, cmap, replaced=named, replaced_since=cutoff(now_ns, grace_s))
+    scan = await control_scan(c, cmap)
     parts = await recorded_parts(c)      # parts before objects: see store.multipart
     uploads = await upload_ids(c) | scanned_uploads(scan)   # after the parts: see the docstring
     orphans, young_orphans = plan_orphan_parts(parts, uploads, now_ns, grace_s)
@@ -533,7 +571,10 @@ async def prepare_gc(c: Client, grace_s: float = DEFAULT_GRACE_S,
         live.update(e.version_id for e in record_extents(rec))
         homes.update(record_homes(cmap, rec))
         replaced.update(replaced_by_move(rec, limit))
-    replaced |= replaced_recently(named, limit)
+    # the notes after the records: a key overwritten or deleted after the scan above and
+    # before its record was read here (a multipart object's parts are in neither the scan's
+    # rows nor the record read) is noted by then
+    replaced |= replaced_recently(await replaced_notes(c, cmap, limit), limit)
     replaced -= live
     garbage = plan_fragment_gc(live | replaced, listings, now_ns, grace_s)
     strays = plan_stray_gc(homes, listings, now_ns, grace_s)

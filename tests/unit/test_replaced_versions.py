@@ -205,6 +205,46 @@ def test_a_listing_pages_the_notes_since_the_grace_and_ends_early_past_the_bound
         db.close()
 
 
+def test_a_notes_only_listing_pages_the_keys_with_notes_and_nothing_else(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gc reads the notes after the live records (store.gc.replaced_notes): notes=1 lists
+    only the keys that have notes, resumed after "last", bounded by keys and notes read."""
+    db = MetaDB(tmp_path / "db", sync=False)
+    now = __import__("time").time_ns() // S
+    try:
+        for i in range(5):
+            commit_all(db, "b", f"m{i}", [at(now - 100, i), at(now - 50, i), at(now - 10, i)])
+        commit_all(db, "b", "plain", [at(now - 5)])        # one record: no notes
+        commit_all(db, "c", "m0", [at(now - 100), at(now - 50)])   # another bucket's
+        for rows in (False, True):
+            for cap, limit in ((100, 1), (100, 2), (1, 10), (3, 10), (100, 100)):
+                monkeypatch.setattr(control, "MAX_NOTES_PER_PAGE", cap)
+                notes: dict[str, Any] = {}
+                after, pages = "", 0
+                for _ in range(20):
+                    page = list_page(db, "b", "", after, limit, "", rows=rows, replaced=True,
+                                     notes_only=True)
+                    pages += 1
+                    assert page["rows" if rows else "records"] == []
+                    assert not set(page["replaced"]) & set(notes)
+                    notes.update(page["replaced"])
+                    if not page["truncated"]:
+                        break
+                    after = page["last"]
+                assert sorted(notes) == [f"m{i}" for i in range(5)], (cap, limit)
+                assert all(len(v) == 2 for v in notes.values())
+                assert pages >= -(-5 // limit)
+        since = list_page(db, "b", "", "", 10, "", replaced=True, notes_only=True,
+                          replaced_since=(now - 20) * S)
+        assert [len(v) for v in since["replaced"].values()] == [1] * 5
+        assert list_page(db, "b", "m3", "", 10, "", replaced=True,
+                         notes_only=True)["replaced"].keys() == {"m3"}
+        with pytest.raises(BadRequest):
+            list_page(db, "b", "", "", 10, "", notes_only=True)   # needs replaced=1
+    finally:
+        db.close()
+
+
 def test_gc_keeps_what_was_noted_within_the_grace() -> None:
     merged: dict[str, int] = {}
     for entries in ([["v8", 100 * S], ["v7", 50 * S]], [["v7", 60 * S], ["bad"], [3, S]]):
