@@ -28,6 +28,7 @@ from node.logs import log_event, log_step, request_log
 from node.metadb import (
     CLOCK_AHEAD_NOTE_S,
     MAP_KEY,
+    MAX_CARRIED_NOTES,
     MAX_NOTES_PER_PAGE,
     REPLACED_FOR_NS,
     SUMMARIES_KEY,
@@ -36,6 +37,7 @@ from node.metadb import (
     View,
     access_key,
     bucket_key,
+    carried_notes,
     newest,
     object_key,
 )
@@ -56,7 +58,7 @@ from store.auth import CHECKSUM_HEADER
 from store.digest import matches as digest_matches
 from store.errors import BadRequest, Conflict, EcstoreError, NotFound, Unavailable
 from store.listing import MAX_ROLLED_DELIMITER_BYTES, ROW_FIELDS
-from store.names import OPS_BUCKET, WORKER_OPS, check_bucket_name, check_key
+from store.names import OPS_BUCKET, SYSTEM_BUCKETS, WORKER_OPS, check_bucket_name, check_key
 from store.transport import REQUEST_ID_RE
 from store.wire import MAX_RECORD_BYTES, pack, unpack
 
@@ -272,6 +274,25 @@ async def drop_record(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
+async def carry_notes(request: web.Request) -> web.Response:
+    """POST /v1/notes/{bucket}/{key}, body [[version_id, replaced_at_ns], ...]: notes of
+    replaced versions another control node held for this key, brought along by a metadata
+    move (store.metamove) before it drops the record there - else gc, which reads the
+    notes of the nodes that hold the key now, would not keep them. {"added": N}."""
+    bucket, key = _names(request)
+    if bucket in SYSTEM_BUCKETS:
+        raise BadRequest(f"{bucket} keeps no notes of replaced versions")
+    body = unpack(await verified_body(request), MAX_BODY_BYTES)
+    if not isinstance(body, list) or len(body) > MAX_CARRIED_NOTES or not all(
+            type(e) is list and len(e) == 2 and type(e[0]) is str and type(e[1]) is int
+            for e in body):
+        raise BadRequest(f"notes must be a list of at most {MAX_CARRIED_NOTES} "
+                         "[version_id, replaced_at_ns] pairs")
+    added = await request.app[COMMIT].apply(carried_notes(
+        object_key(bucket, key), [(v, at) for v, at in body], time.time_ns()))
+    return msgpack_response({"added": added})
+
+
 MAX_DELIMITER_BYTES = MAX_ROLLED_DELIMITER_BYTES   # what the client pushes down
 
 
@@ -288,8 +309,8 @@ def list_page(db: MetaDB, bucket: str, prefix: str, after: str, limit: int, deli
     replaced at or after `replaced_since` (and within REPLACED_FOR_NS of this node's
     clock); the page ends early, at a key, rather than carry over MAX_NOTES_PER_PAGE.
     `notes_only` (with `replaced`; gc's scan of the notes after its read of the live
-    records): no records, only the notes, of up to `limit` keys that have any, and "last",
-    the key to resume after."""
+    records): no records, only the notes, of up to `limit` keys with notes (counted
+    whether or not any is recent enough to send), and "last", the key to resume after."""
     if len(delimiter.encode()) > MAX_DELIMITER_BYTES:
         raise BadRequest(f"delimiter longer than {MAX_DELIMITER_BYTES} bytes")
     if replaced and (delimiter or full):
@@ -340,10 +361,10 @@ def list_page(db: MetaDB, bucket: str, prefix: str, after: str, limit: int, deli
 def notes_page(db: MetaDB, base: bytes, start: bytes, since: bytes, limit: int,
                replaced_since: int, rows: bool) -> dict[str, Any]:
     """list_page's `notes_only` answer: the notes of the keys under `start` after `since`
-    (object keys), up to `limit` keys that have notes (those older than replaced_since
-    left out) and MAX_NOTES_PER_PAGE notes read. Shaped as a listing page with no records
-    (a node of an earlier version, which does not know notes=1, answers the records and
-    their notes: the client reads both)."""
+    (object keys), up to `limit` keys with notes (counted whether or not any is at or
+    after replaced_since: those before it are left out) and MAX_NOTES_PER_PAGE notes
+    read. Shaped as a listing page with no records (a node of an earlier version, which
+    does not know notes=1, answers the records and their notes: the client reads both)."""
     floor = max(replaced_since, time.time_ns() - REPLACED_FOR_NS)
     notes: dict[str, Any] = {}
     count, keys, last, truncated = 0, 0, "", False
@@ -816,6 +837,7 @@ def make_app(config: ControlConfig) -> web.Application:
         web.get(obj, get_object),
         web.delete(obj, purge_object),
         web.delete(r"/v1/records/{bucket}/{key:[\s\S]+}", drop_record),
+        web.post(r"/v1/notes/{bucket}/{key:[\s\S]+}", carry_notes),
     ])
     return app
 

@@ -809,11 +809,13 @@ class GroupCommit:
 # its grace after that (store.gc.replaced_recently), not only after their creation: a
 # reader that opened the old version - an fsspec file, a training worker mid-shard - reads
 # on while someone overwrites or deletes the object. The notes are not in the record:
-# reads, record batches and metadata moves never carry them (in the record they made a key
+# reads and record batches never carry them (in the record they made a key
 # overwritten all day 180 KB to read at every get). Each control node notes what it held
-# before, so replicas may differ: gc's scan takes every replica's (`?replaced=1` on a
-# listing, with the grace's start: only notes since then are sent, and a page ends early
-# rather than carry more than MAX_NOTES_PER_PAGE).
+# before, so replicas may differ: gc takes every replica's, after it has read the live
+# records (`?replaced=1&notes=1` on a listing, with the grace's start: only notes since
+# then are sent, and a page ends early rather than carry more than MAX_NOTES_PER_PAGE). A
+# metadata move brings a key's notes to the nodes that hold it now (`carried_notes`)
+# before it drops the record where it was.
 # Cost: an overwrite that notes nothing does not touch the notes (a version replaced
 # within REPLACED_MIN_LIFE_NS of its creation is not noted: its creation-time grace ends at
 # most that much sooner, so a key overwritten every few seconds notes nothing); one that
@@ -825,8 +827,7 @@ class GroupCommit:
 # an overwrite, through the puts after it); of the rest, past REPLACED_KEEP, those that
 # lived least before their replacement (whose creation-time grace ends nearly as late)
 # go - never those just added. A longer
-# grace, a note dropped, and a record moved to another control node by a ring change (its
-# notes do not go along) fall back to the creation time. Not for system buckets (no reader
+# grace and a note dropped fall back to the creation time. Not for system buckets (no reader
 # holds their fragments) or inline objects (a reader holds the bytes).
 REPLACED_MIN_LIFE_NS = 10 * 10**9
 REPLACED_FOR_NS = 24 * 3600 * 10**9
@@ -940,6 +941,27 @@ def trimmed_notes(held: list[tuple[str, int]], fresh: list[tuple[str, int]], now
 
 def pack_notes(entries: list[tuple[str, int]]) -> bytes:
     return b"".join(pack([v, at]) for v, at in entries)
+
+
+MAX_CARRIED_NOTES = 20_000   # entries one request may bring (a node keeps at most ~2 h of them)
+
+
+def carried_notes(k: bytes, entries: list[tuple[str, int]], now_ns: int) -> Mutation[int]:
+    """Add to the notes beside object key k those another control node held for it (a
+    metadata move after a control ring change: store.metamove), merged with what this node
+    noted and cut back as a put cuts them (`trimmed_notes`); entries older than
+    REPLACED_FOR_NS or with too long an id are left out. Returns how many were new."""
+    def fn(view: View) -> int:
+        rk = replaced_key(k)
+        held = notes_of(view.get_raw(rk))
+        have = set(held)
+        new = [(v, at) for v, at in entries
+               if (v, at) not in have and len(v) <= MAX_NOTED_ID
+               and at >= now_ns - REPLACED_FOR_NS]
+        if new:
+            view.stage(rk, pack_notes(trimmed_notes(held + new, [], now_ns)))
+        return len(new)
+    return fn
 
 
 def newest(k: bytes, record: dict[str, Any], packed: bytes | None = None

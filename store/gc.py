@@ -72,6 +72,7 @@ from placement.nodes import Node
 from store.client import Client, expected_fragment_nodes, new_version_id, record_policy
 from store.errors import BadRequest, EcstoreError, NotFound, Unavailable
 from store.metadata import META_TIMEOUT_S
+from store.metamove import control_nodes_all
 from store.multipart import RecordedPart, recorded_parts, upload_ids
 from store.names import PARTS_BUCKET, PUTS_BUCKET, SYSTEM_BUCKETS, UPLOADS_BUCKET
 from store.striping import fragment_id, record_extents
@@ -133,8 +134,8 @@ def named_replaced(entries: Any) -> list[tuple[str, int]]:
 
 def replaced_recently(replaced: Mapping[str, int], cutoff_ns: int) -> set[str]:
     """The versions replaced (overwritten, deleted) within the grace - the control nodes
-    note them beside the records that replaced them (node.metadb.new_notes), gc's scan
-    gathers every replica's: kept as if live, so a reader that opened one before reads to
+    note them beside the records that replaced them (node.metadb.new_notes), gc gathers
+    every replica's (`replaced_notes`): kept as if live, so a reader that opened one before reads to
     its end. By creation time alone, an overwritten version older than the grace went at
     the next gc (until the twenty-eighth session)."""
     return {vid for vid, at in replaced.items() if at >= cutoff_ns}
@@ -354,16 +355,27 @@ async def all_bucket_names(c: Client, nodes: Sequence[Node]) -> list[str]:
     return sorted(set().union(*await asyncio.gather(*(buckets(n) for n in nodes))))
 
 
+async def settle(c: Client, timeout_s: float = 2 * META_TIMEOUT_S) -> None:
+    """Wait (at most timeout_s) for the metadata work a client left running in the
+    background: the read repairs of the records it read, which make a replica that held an
+    older version note it."""
+    pending = [t for t in c.meta.background if not t.done()]
+    if pending:
+        await asyncio.wait(pending, timeout=timeout_s)
+
+
 async def replaced_notes(c: Client, cmap: ClusterMap, since_ns: int = 1) -> dict[str, int]:
     """Every version any control node noted as read by a record since replaced
     (node.metadb.new_notes) at or after `since_ns` (gc's cutoff: older ones it does not
     need), with the latest time it was: {version_id: replaced_at_ns}. Each notes what it
-    held before, so replicas differ: every control node is read. gc reads these after the
-    live records (see prepare_gc).
+    held before, so replicas differ: every control node is read, those of the previous
+    control ring too (records a metadata move has not moved yet are there, with their
+    notes; a move brings the notes along). gc reads these after the live records (see
+    prepare_gc).
 
     Raises Unavailable unless every control node answered completely.
     """
-    nodes = cmap.control.nodes
+    nodes = list(control_nodes_all(cmap).values())
     since_ns = max(1, since_ns)
     out: dict[str, int] = {}
 
@@ -574,6 +586,7 @@ async def prepare_gc(c: Client, grace_s: float = DEFAULT_GRACE_S,
     # the notes after the records: a key overwritten or deleted after the scan above and
     # before its record was read here (a multipart object's parts are in neither the scan's
     # rows nor the record read) is noted by then
+    await settle(c)     # the read repairs it started: a replica given a newer record notes
     replaced |= replaced_recently(await replaced_notes(c, cmap, limit), limit)
     replaced -= live
     garbage = plan_fragment_gc(live | replaced, listings, now_ns, grace_s)

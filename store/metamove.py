@@ -3,8 +3,10 @@
 Every record on every control node (current and previous ring) is written to the
 control nodes the current map names for its key (a put keeps the newest, so this is
 idempotent), and then dropped from a node that no longer should hold it, only if that
-node still holds the very version that was copied. Bucket records go to every control
-node. Safe to run again at any point.
+node still holds the very version that was copied - after the notes that node kept of the
+versions the key's records replaced (gc keeps those for its grace) are given to the nodes
+that hold the key now. Bucket records go to every control node. Safe to run again at any
+point.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from store.wire import pack, unpack
 from store.workers import WorkReport
 
 SCAN_PAGE = 1000
+NOTES_FOR_NS = 24 * 3600 * 10**9   # node.metadb.REPLACED_FOR_NS: older notes are not kept
 
 
 @dataclass
@@ -106,10 +109,37 @@ async def _move_bucket(c: Client, cmap: ClusterMap, node: Node, bucket: str, dry
                 if dry_run and node.id not in {o.id for o in owners}:
                     report.copied += 1
                 continue
-            if await _put_all(c, owners, meta_path(bucket, key), rec, report):
+            if await _put_all(c, owners, meta_path(bucket, key), rec, report) \
+                    and await _carry_notes(c, node, owners, bucket, key, report):
                 await _drop(c, node, bucket, key, rec["version_id"], report)
         if not page["truncated"] or not page["records"]:
             return
+
+
+async def _carry_notes(c: Client, node: Node, owners: tuple[Node, ...], bucket: str,
+                       key: str, report: MetaMoveReport) -> bool:
+    """Bring the notes of the versions this key's records replaced on `node` (read after
+    the record was: a replacement after that is another version, which the drop refuses)
+    to each of its owners, for gc (node.metadb.carried_notes). False, counted as failed,
+    when they could not be read or given: the record is not dropped then (a later run
+    tries again)."""
+    if bucket in SYSTEM_BUCKETS:        # never noted
+        return True
+    try:
+        reply = await c.t.request("GET", node.address, f"/v1/list/{bucket}", timeout_s=10,
+                                  query={"prefix": key, "limit": 1, "replaced": 1, "notes": 1,
+                                         "replaced_since": max(1, time.time_ns() - NOTES_FOR_NS)})
+        entries = unpack(reply.body, 64 * 1024 * 1024).get("replaced", {}).get(key)
+        if not entries:
+            return True
+        for n in owners:     # a 404: a node of an earlier version, which takes no notes
+            await c.t.request("POST", n.address, f"/v1/notes/{bucket}/{quote_key(key)}",
+                              body=pack(entries), timeout_s=10, ok_404=True)
+        return True
+    except EcstoreError as exc:
+        report.failed += 1
+        report.errors.append(f"notes of {bucket}/{key} from {node.id}: {exc.message}")
+        return False
 
 
 async def _drop(c: Client, node: Node, bucket: str, key: str, version_id: str,

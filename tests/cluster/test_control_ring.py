@@ -5,10 +5,12 @@ import asyncio
 import fcntl
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import pytest
 from cli.localcluster import LocalCluster
 from store.client import Client, SyncClient
 from store.transport import quote_key
+from store.wire import unpack
 from tests.cluster.conftest import fill_bucket, running_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,6 +63,50 @@ def many(cluster: LocalCluster) -> list[str]:
     return keys
 
 
+@pytest.fixture(scope="module")
+def noted(cluster: LocalCluster) -> dict[str, str]:
+    """Keys of bucket "noted" whose records replaced a version every replica noted (gc
+    keeps it for its grace after): {key: that version}. The version replaced is a record
+    committed with an id dated a minute back, so that it counts as long-lived (a version
+    replaced within 10 s of its creation is not noted) without a wait."""
+    keys = [f"n{i:02d}" for i in range(24)]
+
+    async def go() -> dict[str, str]:
+        out = {}
+        async with Client.connect(cluster.path) as c:
+            await c.create_bucket("noted")
+            for key in keys:
+                await c.put("noted", key, os.urandom(100_000))   # erasure-coded: noted
+                rec = await c.live_record("noted", key)
+                old = f"{time.time_ns() - 60 * 10**9:016x}{secrets.token_hex(8)}"
+                await c.commit("noted", key, {**rec, "version_id": old, "ts": rec["ts"] + 1})
+                await c.put("noted", key, os.urandom(100_001))
+                out[key] = old
+        return out
+    got = asyncio.run(go())
+    for _ in range(100):        # the third replica's write may land after the quorum's
+        if all(notes_held(cluster, k, owners(cluster, k, "noted")) == {old}
+               for k, old in got.items()):
+            return got
+        time.sleep(0.05)
+    raise AssertionError("not every replica noted the versions replaced")
+
+
+def notes_held(cluster: LocalCluster, key: str, nodes: set[str]) -> set[str]:
+    """The versions replaced that each of `nodes` noted for noted/key - only those all
+    noted (asked as gc asks)."""
+    async def go() -> set[str]:
+        held: list[set[str]] = []
+        async with Client.connect(cluster.path) as c:
+            urls = LocalCluster.load(cluster.dir).nodes
+            for n in sorted(nodes):
+                r = await c.t.request("GET", urls[n].url, "/v1/list/noted", query={
+                    "prefix": key, "limit": 1, "replaced": 1, "notes": 1})
+                held.append({v for v, _ in unpack(r.body)["replaced"].get(key, [])})
+        return set.intersection(*held) if held else set()
+    return asyncio.run(go())
+
+
 def holders(cluster: LocalCluster, key: str, bucket: str = "meta") -> set[str]:
     """Which running control nodes hold a record for bucket/key (asked directly)."""
     async def go() -> set[str]:
@@ -100,7 +147,10 @@ def check_all(cluster: LocalCluster, objects: dict[str, bytes]) -> None:
 
 
 def test_add_a_control_node_moves_metadata(cluster: LocalCluster, objects: dict[str, bytes],
-                                           many: list[str]) -> None:
+                                           many: list[str], noted: dict[str, str]) -> None:
+    """... and the notes of the versions each key's records replaced go along (gc reads
+    them where the key is now: they went with the record they were beside)."""
+    before = {k: owners(cluster, k, "noted") for k in noted}
     added = json.loads(cli(cluster, "cluster", "add-node", "--data", str(cluster.dir),
                            "--role", "control", "--json").stdout)
     assert (added["id"], added["role"]) == ("c4", "control")
@@ -116,10 +166,15 @@ def test_add_a_control_node_moves_metadata(cluster: LocalCluster, objects: dict[
     # past the first page of a bucket's listing too (rebalance ended in a KeyError there)
     for k in many[-30:]:
         assert holders(cluster, k, "many") == owners(cluster, k, "many"), k
+    moved = [k for k in noted if "c4" in owners(cluster, k, "noted") - before[k]]
+    assert moved
+    for k, old in noted.items():
+        assert notes_held(cluster, k, owners(cluster, k, "noted")) == {old}, k
 
 
 def test_remove_a_control_node_moves_metadata_off_it(cluster: LocalCluster,
-                                                     objects: dict[str, bytes]) -> None:
+                                                     objects: dict[str, bytes],
+                                                     noted: dict[str, str]) -> None:
     done = json.loads(cli(cluster, "cluster", "remove-node", "--data", str(cluster.dir), "c1",
                           "--json").stdout)
     assert (done["id"], done["role"]) == ("c1", "control")
@@ -128,9 +183,32 @@ def test_remove_a_control_node_moves_metadata_off_it(cluster: LocalCluster,
     check_all(cluster, objects)
     for k in list(objects)[:60]:
         assert holders(cluster, k) == owners(cluster, k), k
+    for k, old in noted.items():     # those that were on c1 too
+        assert notes_held(cluster, k, owners(cluster, k, "noted")) == {old}, k
     with SyncClient(cluster.path) as c:
         c.put("meta", "after-removal", b"still writable")
         assert c.get("meta", "after-removal") == b"still writable"
+
+
+def test_notes_of_another_shape_are_refused_with_a_reason(cluster: LocalCluster) -> None:
+    from store.errors import BadRequest
+    from store.names import PARTS_BUCKET
+    from store.wire import pack
+
+    async def go() -> list[str]:
+        out = []
+        async with Client.connect(cluster.path) as c:
+            node = (await c.cluster_map()).control.nodes[0]
+            for bucket, body in (("noted", pack({"v": 1})), ("noted", pack([["v", "late"]])),
+                                 ("noted", pack([["v", 1, 2]])), ("noted", b"\xc1"),
+                                 (PARTS_BUCKET, pack([["v", 1]]))):
+                with pytest.raises(BadRequest) as exc:
+                    await c.t.request("POST", node.address, f"/v1/notes/{bucket}/k", body=body)
+                out.append(exc.value.message)
+        return out
+    reasons = asyncio.run(go())
+    assert all(reasons), reasons
+    assert "keeps no notes" in reasons[-1]
 
 
 def cli_raw(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[bytes]:

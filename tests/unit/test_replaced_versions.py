@@ -12,9 +12,11 @@ import pytest
 from node import control, metadb
 from node.control import list_page
 from node.metadb import (
+    MAX_NOTED_ID,
     REPLACED_FOR_NS,
     GroupCommit,
     MetaDB,
+    carried_notes,
     new_notes,
     newest,
     notes_of,
@@ -241,6 +243,33 @@ def test_a_notes_only_listing_pages_the_keys_with_notes_and_nothing_else(
                          notes_only=True)["replaced"].keys() == {"m3"}
         with pytest.raises(BadRequest):
             list_page(db, "b", "", "", 10, "", notes_only=True)   # needs replaced=1
+    finally:
+        db.close()
+
+
+def test_notes_a_metadata_move_brings_are_merged_with_those_held(tmp_path: Path) -> None:
+    db = MetaDB(tmp_path / "db", sync=False)
+    now = __import__("time").time_ns()
+    try:
+        k = object_key("b", "k")
+        held = at(now // S - 100)
+        commit_all(db, "b", "k", [held, at(now // S - 50)])
+        mine = notes_of(db.get_raw(replaced_key(k)))
+        assert [v for v, _ in mine] == [held["version_id"]]
+        brought = [(vid(now - 300 * S, 1), now - 200 * S),          # new
+                   mine[0],                                         # held already
+                   (vid(now - 3 * REPLACED_FOR_NS, 2), now - 2 * REPLACED_FOR_NS),  # too old
+                   ("x" * (MAX_NOTED_ID + 1), now - S)]             # not an id we note
+        commit = GroupCommit(db)
+        added = asyncio.run(commit.apply(carried_notes(k, brought, now)))
+        assert added == 1
+        got = notes_of(db.get_raw(replaced_key(k)))
+        assert sorted(got) == sorted([mine[0], brought[0]])
+        assert asyncio.run(commit.apply(carried_notes(k, brought, now))) == 0   # again: none
+        assert notes_of(db.get_raw(replaced_key(k))) == got
+        fresh = object_key("b", "new")          # a key this node holds no notes of
+        assert asyncio.run(commit.apply(carried_notes(fresh, brought[:1], now))) == 1
+        assert notes_of(db.get_raw(replaced_key(fresh))) == brought[:1]
     finally:
         db.close()
 
