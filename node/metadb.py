@@ -943,7 +943,7 @@ def pack_notes(entries: list[tuple[str, int]]) -> bytes:
     return b"".join(pack([v, at]) for v, at in entries)
 
 
-MAX_CARRIED_NOTES = 20_000   # entries one request may bring (a node keeps at most ~2 h of them)
+MAX_CARRIED_NOTES = 20_000   # entries one request may bring (a metadata move sends more in parts)
 
 
 def carried_notes(k: bytes, entries: list[tuple[str, int]], now_ns: int) -> Mutation[int]:

@@ -355,13 +355,18 @@ async def all_bucket_names(c: Client, nodes: Sequence[Node]) -> list[str]:
     return sorted(set().union(*await asyncio.gather(*(buckets(n) for n in nodes))))
 
 
-async def settle(c: Client, timeout_s: float = 2 * META_TIMEOUT_S) -> None:
-    """Wait (at most timeout_s) for the metadata work a client left running in the
-    background: the read repairs of the records it read, which make a replica that held an
-    older version note it."""
-    pending = [t for t in c.meta.background if not t.done()]
-    if pending:
-        await asyncio.wait(pending, timeout=timeout_s)
+async def settle(c: Client, timeout_s: float = 2 * META_TIMEOUT_S) -> bool:
+    """Wait (at most timeout_s in all) for the metadata work a client left running in the
+    background - the read repairs of the records it read, which make a replica that held
+    an older version note it, and the writes those start in turn - until none is left.
+    False if some was still running at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while pending := [t for t in c.meta.background if not t.done()]:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        await asyncio.wait(pending, timeout=left)
+    return True
 
 
 async def replaced_notes(c: Client, cmap: ClusterMap, since_ns: int = 1) -> dict[str, int]:
@@ -404,12 +409,29 @@ async def replaced_notes(c: Client, cmap: ClusterMap, since_ns: int = 1) -> dict
                     break
                 after = last
 
+    async def scan_named(node: Node, names: list[str]) -> None:
+        try:
+            await scan(node, names)
+        except EcstoreError as exc:
+            if node.id in {n.id for n in cmap.control.nodes}:
+                raise Unavailable(f"garbage collection needs every control node: {node.id} "
+                                  f"did not answer ({exc.message})") from None
+            raise Unavailable(
+                f"garbage collection needs every control node, those of the previous control "
+                f"ring too until a rebalance settles it: {node.id} did not answer "
+                f"({exc.message}); start it and run `ecstore rebalance`, or for a node gone "
+                f"for good `ecstore cluster remove-node {node.id} --force`") from None
+
     try:
         names = await all_bucket_names(c, nodes)
-        await asyncio.gather(*(scan(n, names) for n in nodes))
     except EcstoreError as exc:
         raise Unavailable(f"garbage collection needs every control node: {exc.message}"
                           ) from None
+    # twice while a control ring change is not settled: a metadata move running beside
+    # this one may give a key's notes to a node read before and drop them from one read
+    # after; the second read begins after the first has ended
+    for _ in range(1 if cmap.previous_control is None else 2):
+        await asyncio.gather(*(scan_named(n, names) for n in nodes))
     return out
 
 
@@ -586,8 +608,8 @@ async def prepare_gc(c: Client, grace_s: float = DEFAULT_GRACE_S,
     # the notes after the records: a key overwritten or deleted after the scan above and
     # before its record was read here (a multipart object's parts are in neither the scan's
     # rows nor the record read) is noted by then
-    await settle(c)     # the read repairs it started: a replica given a newer record notes
-    replaced |= replaced_recently(await replaced_notes(c, cmap, limit), limit)
+    settled = await settle(c)   # the read repairs it started: a replica given a newer
+    replaced |= replaced_recently(await replaced_notes(c, cmap, limit), limit)   # record notes
     replaced -= live
     garbage = plan_fragment_gc(live | replaced, listings, now_ns, grace_s)
     strays = plan_stray_gc(homes, listings, now_ns, grace_s)
@@ -621,4 +643,9 @@ async def prepare_gc(c: Client, grace_s: float = DEFAULT_GRACE_S,
     orphan_versions = {p.version_id for p in orphans} - live   # not those an object names
     rep.orphan_part_fragments = sum(fragment_version(f) in orphan_versions for _, f in garbage)
     rep.errors += errors
+    if not settled:
+        rep.errors.append("read repairs of the records gc read were still running 10 s "
+                          "on, when it read the notes of replaced versions (a slow control "
+                          "node?): an old version one of them would have had noted was not "
+                          "kept for readers")
     return worker

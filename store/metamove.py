@@ -25,6 +25,7 @@ from store.workers import WorkReport
 
 SCAN_PAGE = 1000
 NOTES_FOR_NS = 24 * 3600 * 10**9   # node.metadb.REPLACED_FOR_NS: older notes are not kept
+NOTES_PER_POST = 10_000            # under node.metadb.MAX_CARRIED_NOTES
 
 
 @dataclass
@@ -132,9 +133,18 @@ async def _carry_notes(c: Client, node: Node, owners: tuple[Node, ...], bucket: 
         entries = unpack(reply.body, 64 * 1024 * 1024).get("replaced", {}).get(key)
         if not entries:
             return True
-        for n in owners:     # a 404: a node of an earlier version, which takes no notes
-            await c.t.request("POST", n.address, f"/v1/notes/{bucket}/{quote_key(key)}",
-                              body=pack(entries), timeout_s=10, ok_404=True)
+        for n in owners:
+            for at in range(0, len(entries), NOTES_PER_POST):   # merged: any split will do
+                given = await c.t.request(
+                    "POST", n.address, f"/v1/notes/{bucket}/{quote_key(key)}", timeout_s=30,
+                    body=pack(entries[at:at + NOTES_PER_POST]), ok_404=True)
+                if given.status == 404:
+                    report.failed += 1
+                    report.errors.append(
+                        f"notes of {bucket}/{key}: control node {n.id} takes none (a version "
+                        "before the twenty-ninth session): upgrade it, then run rebalance "
+                        "again - the record stays on " + node.id)
+                    return False
         return True
     except EcstoreError as exc:
         report.failed += 1

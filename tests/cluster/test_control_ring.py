@@ -190,6 +190,33 @@ def test_remove_a_control_node_moves_metadata_off_it(cluster: LocalCluster,
         assert c.get("meta", "after-removal") == b"still writable"
 
 
+def test_a_metadata_move_carries_more_notes_than_one_request_takes(
+        cluster: LocalCluster) -> None:
+    """A key overwritten by big multipart objects holds tens of thousands of young notes;
+    a control node takes at most 20,000 a request (node.metadb.MAX_CARRIED_NOTES), so the
+    move sends them in parts - in one, it was refused, and that record never moved."""
+    from store.metamove import MetaMoveReport, _carry_notes
+    from store.wire import pack
+    now = time.time_ns()
+    notes = [[f"{now - 600 * 10**9 + i:016x}{i:016x}", now - i] for i in range(25_000)]
+
+    async def go() -> tuple[MetaMoveReport, int]:
+        async with Client.connect(cluster.path) as c:
+            cmap = await c.cluster_map(refresh=True)
+            src, dst = cmap.control.nodes[0], cmap.control.nodes[1]
+            for at in range(0, len(notes), 12_500):
+                await c.t.request("POST", src.address, "/v1/notes/noted/bulk",
+                                  body=pack(notes[at:at + 12_500]))
+            report = MetaMoveReport()
+            assert await _carry_notes(c, src, (dst,), "noted", "bulk", report)
+            r = await c.t.request("GET", dst.address, "/v1/list/noted", query={
+                "prefix": "bulk", "limit": 1, "replaced": 1, "notes": 1})
+            return report, len(unpack(r.body)["replaced"]["bulk"])
+    report, held = asyncio.run(go())
+    assert report.failed == 0 and report.errors == [], report.errors
+    assert held == len(notes)
+
+
 def test_notes_of_another_shape_are_refused_with_a_reason(cluster: LocalCluster) -> None:
     from store.errors import BadRequest
     from store.names import PARTS_BUCKET

@@ -283,3 +283,34 @@ def test_gc_keeps_what_was_noted_within_the_grace() -> None:
     assert replaced_recently(merged, 70 * S) == {"v8"}
     assert replaced_recently(merged, 10 * S) == {"v8", "v7"}
     assert pack_notes([("a", 1)]) == pack(["a", 1])
+
+
+def test_gc_waits_for_the_read_repairs_and_the_writes_they_start() -> None:
+    """store.gc.settle: until no background task is left (a repair's writes are started
+    by the repair: one look at the set missed them), within its deadline."""
+    from types import SimpleNamespace
+
+    from store.gc import settle
+
+    async def go() -> tuple[list[str], bool, bool]:
+        done: list[str] = []
+        background: set[asyncio.Future[Any]] = set()
+        c: Any = SimpleNamespace(meta=SimpleNamespace(background=background))
+
+        async def write() -> None:
+            await asyncio.sleep(0.05)
+            done.append("write")
+
+        async def repair() -> None:
+            await asyncio.sleep(0.05)
+            background.add(asyncio.ensure_future(write()))   # as Metadata._quorum does
+            done.append("repair")
+        background.add(asyncio.ensure_future(repair()))
+        settled = await settle(c, timeout_s=5)
+        background.add(asyncio.ensure_future(asyncio.sleep(3)))
+        late = await settle(c, timeout_s=0.1)
+        for t in background:
+            t.cancel()
+        return done, settled, late
+    done, settled, late = asyncio.run(go())
+    assert done == ["repair", "write"] and settled and not late
