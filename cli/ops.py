@@ -321,9 +321,15 @@ async def _rebalance(c: Client, a: argparse.Namespace, state: Path) -> int:
         report_table("rebalance" + (" (dry run: would move)" if a.dry_run else ""),
                      [(n.replace("_", " "), rep[n])
                       for n in ("objects_checked", "moved", "skipped", "failed", "passes")]
-                     + [("bytes moved", human(rep["bytes_moved"])),
-                        ("metadata records moved", md["copied"]),
-                        ("metadata failed", md["failed"])],
+                     + [("bytes moved", human(rep["bytes_moved"]))]
+                     # a record read before the move (this command reads every live one,
+                     # and reads put a record back where the ring wants it) is on its new
+                     # node already: the copy changes nothing, the drop off the old one is
+                     # the move
+                     + ([("metadata records to move", md["copied"])] if a.dry_run else
+                        [("metadata records moved off old nodes", md["dropped"]),
+                         ("metadata copies written", md["copied"])])
+                     + [("metadata failed", md["failed"])],
                      rep["errors"] + [f"metadata: {e}" for e in md.get("errors", [])[:10]]
                      + ([f"metadata: and {len(md['errors']) - 10} more (--json lists them)"]
                         if len(md.get("errors", [])) > 10 else []))
@@ -598,6 +604,9 @@ def _remove_node(a: argparse.Namespace) -> int:
     summary.update(data_dir=str(data_dir), data_bytes_left=left)
     what = ("fragments of versions no object names now" if role == "storage"
             else "records other control nodes hold now")
+    moved = (f"{summary['moved']} fragments ({human(summary['bytes_moved'])})"
+             if role == "storage" else f"{summary['metadata']['dropped']} metadata records")
+    err.print(f"moved {moved} off {a.id}", highlight=False)
     err.print(f"drained and stopped {a.id}; its data directory {data_dir} ({human(left)}: "
               f"{what}) is kept - delete it when you no longer want it", highlight=False)
     if a.json:
