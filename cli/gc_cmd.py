@@ -56,6 +56,7 @@ def _table(rep: dict[str, Any]) -> None:
         ("fragments deleted", rep["fragments_deleted"]),
         ("kept: live", rep["kept_live"]),
         ("kept: younger than grace", rep["kept_young"]),
+        ("  of them replaced within grace", rep["kept_replaced"]),
         ("puts running (kept)", rep["puts_running"]),
         ("tombstones seen", rep["tombstones_seen"]),
         ("tombstones purgeable", rep["tombstones_purgeable"]),

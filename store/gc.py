@@ -292,7 +292,8 @@ class GcReport(WorkReport):
     bytes_deleted: int | None = None     # unknown: a storage node's DELETE does not say
     kept_live: int = 0
     kept_young: int = 0
-    kept_foreign: int = 0
+    kept_replaced: int = 0               # ... of them: old versions, overwritten or deleted
+    kept_foreign: int = 0                # within the grace (their readers read on)
     tombstones_seen: int = 0
     tombstones_purgeable: int = 0
     tombstones_purged: int = 0
@@ -629,6 +630,7 @@ async def prepare_gc(c: Client, grace_s: float = DEFAULT_GRACE_S,
             kind = classify_fragment(fid, live, limit)
             if kind == "garbage" and fragment_version(fid) in replaced:
                 kind = "young"
+                rep.kept_replaced += 1
             if kind == "live":
                 rep.kept_live += 1
             elif kind == "young":
