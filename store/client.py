@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import contextlib
 import json
 import os
 import time
@@ -89,6 +88,8 @@ if TYPE_CHECKING:
     from store.client_sync import SyncClient
 
 CLOSE_CANCEL_ROUNDS = 8   # close(): rounds of cancelling background work still pending
+CLOSE_WAIT_S = 3.0        # close(): at most this long for background work to finish ...
+CLOSE_IDLE_S = 0.5        # ... and no longer once none of it has finished for this long
 
 # the public names; the private helpers above are imported "as" themselves to stay
 # importable from here too (tests use some)
@@ -130,11 +131,23 @@ class Client(GetPath, PutPath):
         self.on_loop()
         if self._reads_flush is not None:
             self._reads_flush.cancel()
-        if self._reads:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.flush_reads(), 3.0)
-        if self.background:
-            await asyncio.wait(set(self.background), timeout=2.0)
+        extra: set[asyncio.Future[Any]] = set()
+        if self._reads:      # the read counts not sent yet (best effort: tiering hints)
+            extra.add(asyncio.ensure_future(self.flush_reads()))
+        # What is on its way - a commit's third replica, read repairs, the read counts -
+        # gets CLOSE_WAIT_S, but only while some of it still finishes: what is left once
+        # nothing has for CLOSE_IDLE_S waits on a node that does not answer (stalled,
+        # blackholed), and a CLI command with one control node stalled took 2.5-5.5 s
+        # (waits of 3 s and 2 s) instead of 0.3 to end
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        while pending := {t for t in self.background | extra if not t.done()}:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            done, _ = await asyncio.wait(pending, timeout=min(left, CLOSE_IDLE_S),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                break
         # What is still on its way (a write to a control node that does not answer) is
         # cancelled here, on the running loop: left pending, asyncio.run destroyed it at
         # its end ("Task was destroyed but it is pending!"), and a record batch sender's
@@ -142,12 +155,12 @@ class Client(GetPath, PutPath):
         # traceback after the command's output). A cancelled sender may start the next
         # batch of its queue: each round cancels those too.
         for _ in range(CLOSE_CANCEL_ROUNDS):
-            pending = [t for t in self.background if not t.done()]
-            if not pending:
+            stuck = [t for t in self.background | extra if not t.done()]
+            if not stuck:
                 break
-            for task in pending:
+            for task in stuck:
                 task.cancel()
-            await asyncio.wait(pending, timeout=1.0)
+            await asyncio.wait(stuck, timeout=1.0)
         await self.t.close()
 
     # ---- buckets -------------------------------------------------------------------

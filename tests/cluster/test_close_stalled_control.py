@@ -1,6 +1,7 @@
 """Client.close() with a control node that does not answer (stalled: SIGSTOP, or cut off
 by a network blackhole): the record writes still on their way to it are cancelled by
-close itself, so nothing of the client is left pending on the loop.
+close itself, so nothing of the client is left pending on the loop, and close does not
+wait them out.
 
 Found by the bad-network sweep: `ecstore repair --dry-run` (and any command that wrote a
 record) with one control node blackholed ended with "Task was destroyed but it is
@@ -41,6 +42,8 @@ def test_close_leaves_no_task_pending_behind_a_stalled_control_node(
             # concurrent puts: one record write goes to c1 alone and hangs, the others
             # queue behind it for c1's next batch; c2 and c3 make each put's quorum
             await asyncio.gather(*(c.put("closing", f"k{i}", b"v" * 3000) for i in range(8)))
+            for i in range(8):       # read counts to send at close, to c1 among others
+                assert await c.get("closing", f"k{i}") == b"v" * 3000
             t0 = time.monotonic()
             await c.close()
             took = time.monotonic() - t0
@@ -51,4 +54,7 @@ def test_close_leaves_no_task_pending_behind_a_stalled_control_node(
     finally:
         os.kill(pid, signal.SIGCONT)
     assert not left, f"close() left {len(left)} tasks pending: {left[:3]}"
-    assert took < 6.0, f"close() took {took:.1f} s"
+    # what waits on the stalled node is given up once nothing else is finishing (0.5 s),
+    # not waited out: 5-6 s before (3 s for the read counts, 2 s for the writes), and
+    # every CLI command took that much longer with a control node stalled or blackholed
+    assert took < 2.5, f"close() took {took:.1f} s"
