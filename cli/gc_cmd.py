@@ -20,12 +20,20 @@ async def cmd_gc(c: Client, a: argparse.Namespace) -> int:
         raise BadRequest(f"a grace under {MIN_GRACE_S} s can delete the fragments of a put "
                          "still in progress, which may then be acknowledged without them; "
                          "--force if no put runs now (an empty cluster, a test)")
-    if a.grace < SHORT_GRACE_S and not a.dry_run:
+    if a.grace < MIN_GRACE_S and not a.dry_run:
         err.print(f"[yellow]warning:[/] a grace of {a.grace:g} s deletes the fragments of any "
                   f"put or tiering move still in progress that started more than "
                   f"{a.grace:g} s ago (its record is not written yet) unless it has told gc "
                   f"it runs (after {INTENT_AFTER_S:g} s): it may then be acknowledged "
                   "without them, and the object is lost. Use it only when none runs",
+                  highlight=False)
+    elif a.grace < SHORT_GRACE_S and not a.dry_run:
+        # puts and tiering moves are safe from a grace of MIN_GRACE_S: they tell gc they
+        # run after INTENT_AFTER_S (one that could not fails at its commit, 503); what a
+        # short grace costs is the readers of old versions
+        err.print(f"[yellow]warning:[/] a grace of {a.grace:g} s deletes a version "
+                  f"{a.grace:g} s after it was overwritten or deleted: a reader still reading "
+                  "it then (a long stream, a training worker mid-shard) fails",
                   highlight=False)
     err.print("reading fragment listings, then metadata ...")
     worker = await prepare_gc(c, a.grace, a.dry_run)
@@ -56,7 +64,7 @@ def _table(rep: dict[str, Any]) -> None:
         ("fragments deleted", rep["fragments_deleted"]),
         ("kept: live", rep["kept_live"]),
         ("kept: younger than grace", rep["kept_young"]),
-        ("  of them replaced within grace", rep["kept_replaced"]),
+        ("  of them older, replaced within grace", rep["kept_replaced"]),
         ("puts running (kept)", rep["puts_running"]),
         ("tombstones seen", rep["tombstones_seen"]),
         ("tombstones purgeable", rep["tombstones_purgeable"]),

@@ -606,7 +606,7 @@ def _remove_node(a: argparse.Namespace) -> int:
             else "records other control nodes hold now")
     moved = (f"{summary['moved']} fragments ({human(summary['bytes_moved'])})"
              if role == "storage" else f"{summary['metadata']['dropped']} metadata records")
-    err.print(f"moved {moved} off {a.id}", highlight=False)
+    err.print(f"moved {moved} while draining {a.id}", highlight=False)
     err.print(f"drained and stopped {a.id}; its data directory {data_dir} ({human(left)}: "
               f"{what}) is kept - delete it when you no longer want it", highlight=False)
     if a.json:

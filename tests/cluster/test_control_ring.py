@@ -183,7 +183,8 @@ def test_remove_a_control_node_moves_metadata_off_it(cluster: LocalCluster,
     assert (done["id"], done["role"]) == ("c1", "control")
     assert done["metadata"]["failed"] == 0 and done["metadata"]["copied"] > 0
     assert done["metadata"]["dropped"] > 0
-    assert f"moved {done['metadata']['dropped']} metadata records off c1" in proc.stderr.decode()
+    assert f"moved {done['metadata']['dropped']} metadata records while draining c1" \
+        in proc.stderr.decode()
     assert "c1" not in LocalCluster.load(cluster.dir).nodes
     check_all(cluster, objects)
     for k in list(objects)[:60]:
