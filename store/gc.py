@@ -63,9 +63,9 @@ import asyncio
 import functools
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from placement.cluster_map import ClusterMap
 from placement.nodes import Node
@@ -84,6 +84,7 @@ DEFAULT_GRACE_S = 3600.0
 FRAGMENT_BATCH = 64
 TOMBSTONE_BATCH = 32
 SCAN_PAGE = 10_000
+T = TypeVar("T")
 NOTES_SCAN_PAGE = 2_000    # keys with notes of replaced versions (?replaced=1&notes=1)
 _FID = re.compile(r"^([0-9a-f]{32})\.\d+\.\d+\Z")
 _VID = re.compile(r"^[0-9a-f]{32}\Z")
@@ -410,9 +411,9 @@ async def replaced_notes(c: Client, cmap: ClusterMap, since_ns: int = 1) -> dict
                     break
                 after = last
 
-    async def scan_named(node: Node, names: list[str]) -> None:
+    async def named(node: Node, work: Awaitable[T]) -> T:
         try:
-            await scan(node, names)
+            return await work
         except EcstoreError as exc:
             if node.id in {n.id for n in cmap.control.nodes}:
                 raise Unavailable(f"garbage collection needs every control node: {node.id} "
@@ -423,16 +424,13 @@ async def replaced_notes(c: Client, cmap: ClusterMap, since_ns: int = 1) -> dict
                 f"({exc.message}); start it and run `ecstore rebalance`, or for a node gone "
                 f"for good `ecstore cluster remove-node {node.id} --force`") from None
 
-    try:
-        names = await all_bucket_names(c, nodes)
-    except EcstoreError as exc:
-        raise Unavailable(f"garbage collection needs every control node: {exc.message}"
-                          ) from None
+    names = sorted(set().union(*await asyncio.gather(
+        *(named(n, all_bucket_names(c, [n])) for n in nodes))))
     # twice while a control ring change is not settled: a metadata move running beside
     # this one may give a key's notes to a node read before and drop them from one read
     # after; the second read begins after the first has ended
     for _ in range(1 if cmap.previous_control is None else 2):
-        await asyncio.gather(*(scan_named(n, names) for n in nodes))
+        await asyncio.gather(*(named(n, scan(n, names)) for n in nodes))
     return out
 
 
