@@ -159,7 +159,8 @@ CONTROL_ROUTES = ([("object", "PUT")] * 4 + [("bucket", "PUT")] * 2 + [("map", "
                   + [("object", "GET"), ("object", "DELETE"), ("records", "DELETE"),
                      ("bucket", "GET"), ("list", "GET"), ("list", "GET"), ("map", "GET"),
                      ("buckets", "GET"), ("status", "GET"), ("health", "GET"), ("junk", "GET"),
-                     ("access", "POST"), ("access", "POST"), ("access_list", "GET")])
+                     ("access", "POST"), ("access", "POST"), ("access_list", "GET"),
+                     ("notes", "POST"), ("notes", "POST")])
 NASTY_SEGMENTS = ["..", ".", "%2e%2e", "%2E%2E%2F..", "a%2Fb", "%00", "%ff", "%ED%A0%80", "%zz",
                   "%", "~", "a b", "\u00e9", "\U0001f4a5", "x" * 201, "y" * 1025, "z" * 9000,
                   "?", "#", ";x=1", "\\", "{fid}", "_keys", "\ufeff", "%C0%AE"]
@@ -167,7 +168,8 @@ JUNK_PATHS = ["/", "", "*", "/v1", "/v1/", "//v1/status", "/v1/../v1/status", "/
               "/v1/fragments/", "/v1/objects/", "/v1/objects/abc", "/v1/list/", "/v1/map/x",
               "/V1/STATUS", "/v1/status/", "/v1/health/../status", "http://x/v1/status",
               "/v1/%76%31", "/v1/\xff", "/" + "a/" * 3000]
-QUERY_NAMES = ["after", "limit", "prefix", "full", "version_id", "x", "", "limit[]"]
+QUERY_NAMES = ["after", "limit", "prefix", "full", "version_id", "x", "", "limit[]",
+               "replaced", "notes", "replaced_since"]
 QUERY_VALUES = ["", "0", "-1", "1", "10000", "10001", "1e3", "99999999999999999999", "abc",
                 "%ff", "%ED%A0%80", "\u00e9", "a" * 3000, "1", "\x00"]
 HEADER_NAMES = ["Content-Type", "Content-Encoding", "Expect", "Range", "Accept-Encoding",
@@ -282,6 +284,8 @@ def sha256_hex(data: bytes) -> str:
 
 
 # entries of POST /v1/access (read counts): each field right, or of a wrong type or size
+note_entries = st.lists(st.one_of(st.text(max_size=140), st.integers(-2, 2**64 - 1),
+                                   msgpack_values), min_size=1, max_size=3)
 access_entries = st.fixed_dictionaries({
     "bucket": st.one_of(bucket_like, st.sampled_from([SCRATCH_BUCKET, "_keys", "A"]), msgpack_values),
     "key": st.one_of(key_like, msgpack_values),
@@ -361,6 +365,8 @@ def control_requests(draw: st.DrawFn, seeds: list[tuple[str, str]], held_map: by
     body = draw(bodies(CONTROL_MAX_BODY_BYTES))
     if shape == "access" and draw(st.booleans()):
         body = packable({"entries": draw(st.lists(access_entries, max_size=3))})
+    if shape == "notes" and draw(st.booleans()):   # notes a metadata move brings
+        body = packable(draw(st.lists(st.one_of(note_entries, msgpack_values), max_size=3)))
     if shape == "map" and draw(st.integers(0, 9)) == 0:
         body = held_map   # the map held: accepted, changes nothing
     verb = method.upper()
@@ -377,7 +383,8 @@ def control_requests(draw: st.DrawFn, seeds: list[tuple[str, str]], held_map: by
              "bucket": b"/v1/buckets/" + encode(bucket, bmode), "map": b"/v1/map",
              "list": b"/v1/list/" + encode(bucket, bmode), "buckets": b"/v1/buckets",
              "access": b"/v1/access", "access_list": b"/v1/access/" + encode(bucket, bmode),
-             "status": b"/v1/status", "health": b"/v1/health"}
+             "status": b"/v1/status", "health": b"/v1/health",
+             "notes": b"/v1/notes/" + encode(bucket, bmode) + b"/" + encode(key, kmode)}
     path = paths.get(shape) or draw(st.sampled_from(JUNK_PATHS)).encode("utf-8", "surrogateescape")
     return Req(method, path + draw(queries(raw_query)), headers, body, auth, framing)
 
