@@ -15,12 +15,13 @@ from typing import Any
 
 from placement.nodes import Node
 from store.client import Client
-from store.errors import Conflict, NotFound
+from store.errors import Conflict, EcstoreError, NotFound, Unavailable
 from store.wire import unpack
 
 log = logging.getLogger("ecstore.workers")
 
 LISTING_PAGE = 10_000
+LISTING_HEALTH_S = 5.0     # a node asked for its listing answers its health check first
 MAX_PARALLEL_HEADS = 32
 MAX_REPORTED_ERRORS = 20
 
@@ -87,11 +88,22 @@ async def all_listings(c: Client, nodes: Iterable[Node], opened: dict[str, str] 
     """Every node's fragment ids, asked in parallel: ({node_id: ids}, [errors]); `opened`
     as node_listing's."""
     nodes = list(nodes)
-    results = await asyncio.gather(*(node_listing(c, n, opened) for n in nodes),
-                                   return_exceptions=True)
+
+    async def listed(node: Node) -> set[str]:
+        # a stalled node (SIGSTOP, a hung process, a blackholed host) answers nothing: its
+        # health check says so in seconds, where its listing page waited out 60 s (a page
+        # of a big node's listing may take that long, a health check does not)
+        try:
+            await c.t.request("GET", node.address, "/v1/health", timeout_s=LISTING_HEALTH_S,
+                              unqueued=True)
+        except EcstoreError as exc:
+            raise Unavailable(f"its health check: {exc.message}") from None
+        return await node_listing(c, node, opened)
+    results = await asyncio.gather(*(listed(n) for n in nodes), return_exceptions=True)
     listings = {n.id: r for n, r in zip(nodes, results) if not isinstance(r, BaseException)}
     errors = [f"storage node {n.id} did not answer its listing"
-              for n in nodes if n.id not in listings]
+              + (f" ({r.message})" if isinstance(r, EcstoreError) else "")
+              for n, r in zip(nodes, results) if n.id not in listings]
     return listings, errors
 
 

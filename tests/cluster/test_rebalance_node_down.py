@@ -170,3 +170,33 @@ def test_a_second_rebalance_or_repair_is_refused_while_one_runs(cluster: LocalCl
             assert f"another {what} is running (pid {os.getpid()}" in said(proc)
             assert run(cluster, what, "--dry-run").returncode == 0   # reads only: allowed
         ok(cluster, what)
+
+
+def test_a_stalled_storage_node_is_named_in_seconds_not_waited_out(
+        cluster: LocalCluster) -> None:
+    """repair, gc and rebalance list every storage node's fragments; one that is stalled
+    (SIGSTOP here; a hung process or a blackholed host alike) answered nothing, and each
+    command sat silent for the listing page's 60 s timeout. Each node now answers a
+    health check (5 s) before it is asked for its listing."""
+    import signal
+    with SyncClient(cluster.path) as c:
+        c.create_bucket("stalled")
+        c.put("stalled", "x", os.urandom(300_000))
+    lc = LocalCluster.load(cluster.dir)
+    victim = sorted(n for n, spec in lc.nodes.items() if spec.role == "storage")[0]
+    pid = lc.nodes[victim].pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        for cmd in (["repair", "--dry-run"], ["gc", "--dry-run"]):
+            # 40 s: every one of them waited 60 s before
+            proc = subprocess.run([sys.executable, "-m", "cli.main", "--cluster",
+                                   str(cluster.path), *cmd, "--json"], cwd=ROOT,
+                                  capture_output=True, timeout=40)
+            assert proc.returncode == 1, proc.stderr.decode()
+            rep = json.loads(proc.stdout)
+            assert rep.get("unlisted", [victim]) == [victim], rep
+            assert any(f"storage node {victim} did not answer its listing (its health check"
+                       in e for e in rep["errors"]), rep["errors"]
+    finally:
+        os.kill(pid, signal.SIGCONT)
