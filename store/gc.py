@@ -341,11 +341,16 @@ async def control_scan(c: Client, cmap: ClusterMap, needed_by: str = "garbage co
                 after = page["records"][-1]["key"]
         return rows
 
-    try:
-        names = await all_bucket_names(c, nodes)
-        scans = await asyncio.gather(*(scan(n, names) for n in nodes))
-    except EcstoreError as exc:
-        raise Unavailable(f"{needed_by} needs every control node: {exc.message}") from None
+    async def named(node: Node, work: Awaitable[T]) -> T:
+        try:
+            return await work
+        except EcstoreError as exc:
+            raise Unavailable(f"{needed_by} needs every control node: {node.id} did not "
+                              f"answer ({exc.message})") from None
+
+    names = sorted(set().union(*await asyncio.gather(
+        *(named(n, all_bucket_names(c, [n])) for n in nodes))))
+    scans = await asyncio.gather(*(named(n, scan(n, names)) for n in nodes))
     return {n.id: s for n, s in zip(nodes, scans)}
 
 
