@@ -221,11 +221,11 @@ async def passes_until_still(c: Client, run_pass: Callable[[int], Awaitable[Any]
                 if awaited is None:
                     break
                 pending = await awaited()
-                if not pending or time.monotonic() > until:
+                if pending <= 0 or time.monotonic() > until:   # -1: unknown, never settled
                     break
         # DRAIN_PASSES at most, but while puts are still to commit (and no pass fails)
         # as many as DRAIN_AWAIT_MAX_S allows: each commit costs a pass that moves it
-        waiting = bool(pending) and not (last and last.failed) and time.monotonic() <= until
+        waiting = pending > 0 and not (last and last.failed) and time.monotonic() <= until
         if len(reports) >= DRAIN_PASSES and not waiting:
             break
         await asyncio.sleep(MAP_TTL_S + 0.5)
@@ -247,11 +247,13 @@ async def awaited_on(c: Client, node: Node) -> int:
     node left places fragments there until it ends, and commits after the pass that
     would have moved them: the drain stopped the node and those objects were short of a
     fragment (a fresh-clone CI run of test_rebalance found one so). The rest are a dead
-    put's, gc's."""
+    put's, gc's. -1 when the node did not answer its listing: unknown, not none."""
     from store.gc import cutoff, fragment_version, running_puts, version_time_ns
     from store.workers import all_listings
 
     listings, _ = await all_listings(c, [node])
+    if node.id not in listings:   # what it holds is unknown: never "nothing awaited"
+        return -1
     now = time.time_ns()
     of = [v for v in map(fragment_version, listings.get(node.id, ())) if v is not None]
     young = {v for v in of if version_time_ns(v) >= cutoff(now, DRAIN_SETTLE_S)}
@@ -579,6 +581,9 @@ def _remove_node(a: argparse.Namespace) -> int:
                 return f"{last.failed} fragments could not be moved off {a.id}"
             if last.incomplete:
                 return unlisted_note(last)
+            if pending < 0:
+                return (f"{a.id} did not answer its listing after the last pass: whether puts "
+                        "still place fragments on it cannot be told")
             if pending:
                 return (f"{pending} fragments on {a.id} may belong to puts not committed yet "
                         f"(waited {time.monotonic() - began:.0f} s; their objects would be "

@@ -15,7 +15,7 @@ from typing import Any
 
 from placement.nodes import Node
 from store.client import Client
-from store.errors import Conflict, EcstoreError, NotFound, Unavailable
+from store.errors import Conflict, EcstoreError, NotFound, Unavailable, Unreachable
 from store.wire import unpack
 
 log = logging.getLogger("ecstore.workers")
@@ -93,11 +93,20 @@ async def all_listings(c: Client, nodes: Iterable[Node], opened: dict[str, str] 
         # a stalled node (SIGSTOP, a hung process, a blackholed host) answers nothing: its
         # health check says so in seconds, where its listing page waited out 60 s (a page
         # of a big node's listing may take that long, a health check does not)
-        try:
-            await c.t.request("GET", node.address, "/v1/health", timeout_s=LISTING_HEALTH_S,
-                              unqueued=True)
-        except EcstoreError as exc:
-            raise Unavailable(f"its health check: {exc.message}") from None
+        for attempt in (1, 2):
+            try:
+                await c.t.request("GET", node.address, "/v1/health",
+                                  timeout_s=LISTING_HEALTH_S, unqueued=True)
+                break
+            except EcstoreError as exc:
+                # a 503 (the node's connection cap: it asks for a retry after 1 s) gets
+                # one more try; a timeout is what a stalled node gives, at once
+                if attempt == 1 and not isinstance(exc, Unreachable) and exc.status == 503 \
+                        and not exc.details.get("problem"):
+                    await asyncio.sleep(1.0)
+                    continue
+                raise Unavailable("its health check: "
+                                  + str(exc.details.get("problem") or exc.message)) from None
         return await node_listing(c, node, opened)
     results = await asyncio.gather(*(listed(n) for n in nodes), return_exceptions=True)
     listings = {n.id: r for n, r in zip(nodes, results) if not isinstance(r, BaseException)}

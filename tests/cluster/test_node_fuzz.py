@@ -370,8 +370,9 @@ def control_requests(draw: st.DrawFn, seeds: list[tuple[str, str]], held_map: by
     if shape == "map" and draw(st.integers(0, 9)) == 0:
         body = held_map   # the map held: accepted, changes nothing
     verb = method.upper()
-    if verb == "PUT" and auth == "signed" and shape != "map":
-        bucket = SCRATCH_BUCKET              # a record that may be valid: scratch only
+    if (verb == "PUT" and auth == "signed" and shape != "map") \
+            or (shape == "notes" and auth == "signed"):
+        bucket = SCRATCH_BUCKET              # a record (or notes) that may be valid: scratch only
     if (verb == "PUT" and auth == "signed") or verb == "DELETE":
         bmode = kmode = "quote"
         if shape == "junk":
