@@ -57,4 +57,4 @@ def test_close_leaves_no_task_pending_behind_a_stalled_control_node(
     # what waits on the stalled node is given up once nothing else is finishing (1 s),
     # not waited out: 5-6 s before (3 s for the read counts, 2 s for the writes), and
     # every CLI command took that much longer with a control node stalled or blackholed
-    assert took < 2.5, f"close() took {took:.1f} s"
+    assert took < 3.0, f"close() took {took:.1f} s"
