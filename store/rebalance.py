@@ -90,6 +90,7 @@ class RebalanceWorker:
         self.resumed_after = len(records) - len(self.todo)
         self.report = RebalanceReport(resumed_after=self.resumed_after)
         self.planned_bytes = 0
+        self.unlisted_targets: set[str] = set()
 
     @property
     def remaining(self) -> int:
@@ -107,6 +108,18 @@ class RebalanceWorker:
         self.report.objects_checked += 1
         self.report.skipped += lost
         for mv in moves:
+            if mv.target.id not in self.listings:
+                # a target that did not answer its listing (stalled, down) would take each
+                # copy's full timeout, and a pass sat silent for minutes; the move fails
+                # (the map is not settled) and the next run does it
+                self.report.failed += 1
+                self.checkpoint.hold()
+                if mv.target.id not in self.unlisted_targets:
+                    self.unlisted_targets.add(mv.target.id)
+                    self.report.errors.append(
+                        f"{mv.target.id} did not answer its listing: fragments the map "
+                        f"places there not moved (counted in failed)")
+                continue
             if self.dry_run:
                 self.report.moved += 1
                 continue

@@ -200,3 +200,34 @@ def test_a_stalled_storage_node_is_named_in_seconds_not_waited_out(
                        in e for e in rep["errors"]), rep["errors"]
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+def test_rebalance_onto_a_stalled_new_node_fails_fast_and_does_not_settle(
+        cluster: LocalCluster, objects: dict[str, bytes]) -> None:
+    """A node added, then stalled before the rebalance: every move onto it waited out the
+    copy's timeout, and the pass sat silent for many minutes (it was killed at 300 s).
+    Moves onto a node that did not answer its listing are not tried: counted failed, the
+    map not settled; the node back, the next run moves them and settles."""
+    import signal
+    added = json.loads(ok(cluster, "cluster", "add-node", "--data", str(cluster.dir),
+                          "--json").stdout)["id"]
+    pid = LocalCluster.load(cluster.dir).nodes[added].pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "cli.main", "--cluster",
+                               str(cluster.path), "rebalance", "--json"], cwd=ROOT,
+                              capture_output=True, timeout=120)
+        assert proc.returncode == 1, proc.stderr.decode()
+        rep = json.loads(proc.stdout)
+        assert rep["unlisted"] == [added] and rep["failed"] > 0 and rep["settled"] is False
+        assert any(f"{added} did not answer its listing: fragments the map places there not "
+                   "moved" in e for e in rep["errors"]), rep["errors"]
+        assert pending(cluster) == ["storage"]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    check_all(cluster, objects)
+    rep = json.loads(ok(cluster, "rebalance", "--json").stdout)
+    assert rep["settled"] is True and rep["moved"] > 0 and rep["failed"] == 0
+    assert pending(cluster) == []
+    check_all(cluster, objects)
