@@ -33,6 +33,7 @@ from store.client_base import (
     ObjectInfo,
     meta_path,
     new_version_id,
+    settle_tasks,
 )
 from store.client_base import _CountedQuorum as _CountedQuorum
 from store.client_base import _NoBound as _NoBound
@@ -143,15 +144,7 @@ class Client(GetPath, PutPath):
         # (waits of 3 s and 2 s) instead of 0.3 to end. A record write cancelled on its
         # way is applied all the same; one still queued behind a slow batch is not sent
         # (the replica gets it from read repair or `ecstore repair`)
-        deadline = time.monotonic() + CLOSE_WAIT_S
-        while pending := {t for t in self.background | extra if not t.done()}:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            done, _ = await asyncio.wait(pending, timeout=min(left, CLOSE_IDLE_S),
-                                         return_when=asyncio.FIRST_COMPLETED)
-            if not done:
-                break
+        await settle_tasks(lambda: self.background | extra, CLOSE_WAIT_S, CLOSE_IDLE_S)
         # What is still on its way (a write to a control node that does not answer) is
         # cancelled here, on the running loop: left pending, asyncio.run destroyed it at
         # its end ("Task was destroyed but it is pending!"), and a record batch sender's

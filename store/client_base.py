@@ -8,7 +8,7 @@ import os
 import secrets
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -37,6 +37,25 @@ REFUSED_BACKOFF_S = 2.0        # a storage node that refused a fragment (full, f
 DEFAULT_SEGMENT_SLOTS = 32     # segments in memory across all of a client's puts and gets
 BUCKET_CACHE_TTL_S = 5.0
 MAP_TTL_S = 2.0                # how long a client trusts its cluster map before asking again
+
+
+async def settle_tasks(current: Callable[[], Iterable[asyncio.Future[Any]]], timeout_s: float,
+                       idle_s: float | None = None) -> bool:
+    """Wait for the tasks `current()` names - asked again each round: tasks start others
+    (a read repair its writes) - until none is left (True), for timeout_s at most, and with
+    `idle_s` no longer once none has finished for that long (what is left then waits on a
+    node that does not answer). False when some were left."""
+    deadline = time.monotonic() + timeout_s
+    while pending := {t for t in current() if not t.done()}:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        done, _ = await asyncio.wait(pending, timeout=left if idle_s is None
+                                     else min(left, idle_s),
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if not done and idle_s is not None:
+            return False
+    return True
 
 
 def new_version_id() -> str:

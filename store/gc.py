@@ -70,6 +70,7 @@ from typing import Any, TypeVar
 from placement.cluster_map import ClusterMap
 from placement.nodes import Node
 from store.client import Client, expected_fragment_nodes, new_version_id, record_policy
+from store.client_base import settle_tasks
 from store.errors import BadRequest, EcstoreError, NotFound, Unavailable
 from store.metadata import META_TIMEOUT_S
 from store.metamove import control_nodes_all
@@ -341,25 +342,35 @@ async def control_scan(c: Client, cmap: ClusterMap, needed_by: str = "garbage co
                 after = page["records"][-1]["key"]
         return rows
 
-    async def named(node: Node, work: Awaitable[T]) -> T:
-        try:
-            return await work
-        except EcstoreError as exc:
-            raise Unavailable(f"{needed_by} needs every control node: {node.id} did not "
-                              f"answer ({exc.message})") from None
-
-    names = sorted(set().union(*await asyncio.gather(
-        *(named(n, all_bucket_names(c, [n])) for n in nodes))))
-    scans = await asyncio.gather(*(named(n, scan(n, names)) for n in nodes))
+    names = await all_bucket_names(c, cmap, nodes, needed_by)
+    scans = await asyncio.gather(*(asked(cmap, n, scan(n, names), needed_by) for n in nodes))
     return {n.id: s for n, s in zip(nodes, scans)}
 
 
-async def all_bucket_names(c: Client, nodes: Sequence[Node]) -> list[str]:
+async def asked(cmap: ClusterMap, node: Node, work: Awaitable[T], needed_by: str) -> T:
+    """`work` with a control node, whose failure says which node did not answer - and, for
+    one of the previous control ring only, what to do."""
+    try:
+        return await work
+    except EcstoreError as exc:
+        if any(n.id == node.id for n in cmap.control.nodes):
+            raise Unavailable(f"{needed_by} needs every control node: {node.id} did not "
+                              f"answer ({exc.message})") from None
+        raise Unavailable(
+            f"{needed_by} needs every control node, those of the previous control ring too "
+            f"until a rebalance settles it: {node.id} did not answer ({exc.message}); start "
+            f"it and run `ecstore rebalance`, or for a node gone for good `ecstore cluster "
+            f"remove-node {node.id} --force`") from None
+
+
+async def all_bucket_names(c: Client, cmap: ClusterMap, nodes: Sequence[Node],
+                           needed_by: str) -> list[str]:
     """Every bucket any of `nodes` knows, and the system buckets."""
     async def buckets(node: Node) -> list[str]:
         reply = await c.t.request("GET", node.address, "/v1/buckets", timeout_s=META_TIMEOUT_S)
-        return [b["name"] for b in unpack(reply.body)["buckets"]] + sorted(SYSTEM_BUCKETS)
-    return sorted(set().union(*await asyncio.gather(*(buckets(n) for n in nodes))))
+        return [b["name"] for b in unpack(reply.body)["buckets"]]
+    names = await asyncio.gather(*(asked(cmap, n, buckets(n), needed_by) for n in nodes))
+    return sorted(set().union(SYSTEM_BUCKETS, *names))
 
 
 async def settle(c: Client, timeout_s: float = 2 * META_TIMEOUT_S) -> bool:
@@ -367,13 +378,7 @@ async def settle(c: Client, timeout_s: float = 2 * META_TIMEOUT_S) -> bool:
     background - the read repairs of the records it read, which make a replica that held
     an older version note it, and the writes those start in turn - until none is left.
     False if some was still running at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while pending := [t for t in c.meta.background if not t.done()]:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        await asyncio.wait(pending, timeout=left)
-    return True
+    return await settle_tasks(lambda: c.meta.background, timeout_s)
 
 
 async def replaced_notes(c: Client, cmap: ClusterMap, since_ns: int = 1) -> dict[str, int]:
@@ -416,26 +421,13 @@ async def replaced_notes(c: Client, cmap: ClusterMap, since_ns: int = 1) -> dict
                     break
                 after = last
 
-    async def named(node: Node, work: Awaitable[T]) -> T:
-        try:
-            return await work
-        except EcstoreError as exc:
-            if node.id in {n.id for n in cmap.control.nodes}:
-                raise Unavailable(f"garbage collection needs every control node: {node.id} "
-                                  f"did not answer ({exc.message})") from None
-            raise Unavailable(
-                f"garbage collection needs every control node, those of the previous control "
-                f"ring too until a rebalance settles it: {node.id} did not answer "
-                f"({exc.message}); start it and run `ecstore rebalance`, or for a node gone "
-                f"for good `ecstore cluster remove-node {node.id} --force`") from None
-
-    names = sorted(set().union(*await asyncio.gather(
-        *(named(n, all_bucket_names(c, [n])) for n in nodes))))
+    needed_by = "garbage collection"
+    names = await all_bucket_names(c, cmap, nodes, needed_by)
     # twice while a control ring change is not settled: a metadata move running beside
     # this one may give a key's notes to a node read before and drop them from one read
     # after; the second read begins after the first has ended
     for _ in range(1 if cmap.previous_control is None else 2):
-        await asyncio.gather(*(named(n, scan(n, names)) for n in nodes))
+        await asyncio.gather(*(asked(cmap, n, scan(n, names), needed_by) for n in nodes))
     return out
 
 

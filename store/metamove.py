@@ -24,7 +24,6 @@ from store.wire import pack, unpack
 from store.workers import WorkReport
 
 SCAN_PAGE = 1000
-NOTES_FOR_NS = 24 * 3600 * 10**9   # node.metadb.REPLACED_FOR_NS: older notes are not kept
 NOTES_PER_POST = 10_000            # under node.metadb.MAX_CARRIED_NOTES
 
 
@@ -128,8 +127,7 @@ async def _carry_notes(c: Client, node: Node, owners: tuple[Node, ...], bucket: 
         return True
     try:
         reply = await c.t.request("GET", node.address, f"/v1/list/{bucket}", timeout_s=10,
-                                  query={"prefix": key, "limit": 1, "replaced": 1, "notes": 1,
-                                         "replaced_since": max(1, time.time_ns() - NOTES_FOR_NS)})
+                                  query={"prefix": key, "limit": 1, "replaced": 1, "notes": 1})
         entries = unpack(reply.body, 64 * 1024 * 1024).get("replaced", {}).get(key)
         if not entries:
             return True
