@@ -114,6 +114,19 @@ def bench_codec(iters: int) -> list[Row]:
     data_frags = frags[:K]
     degraded = frags[2:K + M]  # data fragments 0 and 1 missing
     nbytes = SEGMENT * iters
+    placed = codec.SegmentBuffer(K)     # a degraded read: data fragments 2, 3 read in place
+    for i in (2, 3):
+        views = placed.sink(i)(200, len(frags[i]))
+        assert views is not None
+        pos = 0
+        for v in views:
+            v[:] = frags[i][pos:pos + len(v)]
+            pos += len(v)
+    apart = {K + j: bytearray(frags[K + j]) for j in range(M)}   # parity read apart
+
+    def raw_rebuild() -> bytes | None:   # what pyeclib offers for it: reconstruct and join
+        made = raw.reconstruct(degraded, [0, 1])
+        return codec.join_data_fragments(K, [*made, *frags[2:K]])
 
     cases = [
         ("encode", lambda: raw.encode(seg), lambda: codec.encode(K, M, EC_TYPE, seg), None),
@@ -121,6 +134,8 @@ def bench_codec(iters: int) -> list[Row]:
          lambda: codec.decode(K, M, EC_TYPE, data_frags), seg),
         ("decode (2 data frags missing)", lambda: raw.decode(degraded),
          lambda: codec.decode(K, M, EC_TYPE, degraded), seg),
+        ("rebuild in place (2 data frags missing)", raw_rebuild,
+         lambda: placed.rebuild(M, EC_TYPE, [2, 3], apart), seg),
     ]
     for label, raw_fn, ours_fn, expect in cases:
         fns = {"pyeclib raw": raw_fn, "ecstore codec": ours_fn}

@@ -359,7 +359,8 @@ class GetPath(ClientBase):
         if segment is not None:   # read-only: readers of one segment share it
             return memoryview(segment).toreadonly()
         chosen = [placed.fragment(i) if (f := good[i]) is None else f for i in picked]
-        return codec.decode(k, m, record["ec_type"], chosen)
+        decoded = codec.decode(k, m, record["ec_type"], chosen)
+        return decoded if isinstance(decoded, bytes) else memoryview(decoded).toreadonly()
 
     def _hedge_delay(self) -> float:
         """Twice the 90th percentile of recent fragment gets, within bounds."""

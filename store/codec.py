@@ -7,6 +7,7 @@ from functools import lru_cache
 
 from pyeclib.ec_iface import ECDriver
 
+from store import ecdirect
 from store.alloc import unfilled
 from store.errors import Corrupt
 
@@ -31,7 +32,7 @@ def encode(k: int, m: int, ec_type: str, segment: bytes | memoryview) -> list[by
     return driver(k, m, ec_type).encode(bytes(segment) if isinstance(segment, memoryview) else segment)
 
 
-def decode(k: int, m: int, ec_type: str, fragments: Sequence[bytes | bytearray]) -> bytes:
+def decode(k: int, m: int, ec_type: str, fragments: Sequence[bytes | bytearray]) -> bytes | bytearray:
     """The segment from any k fragments (more are ignored).
 
     When the first k given are the k data fragments in order (every healthy read), the
@@ -49,10 +50,11 @@ def decode(k: int, m: int, ec_type: str, fragments: Sequence[bytes | bytearray])
         raise Corrupt(f"decode failed: {exc}") from None
 
 
-def _rebuild_data(k: int, m: int, ec_type: str, fragments: Sequence[bytes | bytearray]) -> bytes | None:
-    """A degraded read: only the missing data fragments rebuilt (pyeclib's reconstruct),
-    then joined with the data fragments at hand - ~30% less work than a full decode,
-    which copies the whole segment out of every fragment. None: let decode do it."""
+def _rebuild_data(k: int, m: int, ec_type: str, fragments: Sequence[bytes | bytearray]) -> bytes | bytearray | None:
+    """A degraded read: only the missing data fragments rebuilt, into place in a segment
+    buffer the data fragments at hand are copied into (store.ecdirect; pyeclib's
+    reconstruct and a join where it cannot) - less work than a full decode, which copies
+    the whole segment out of every fragment. None: let decode do it."""
     by_idx: dict[int, bytes | bytearray] = {}
     for frag in fragments:
         if len(frag) < HEADER_BYTES or _MAGIC.unpack_from(frag, _MAGIC_AT)[0] != FRAGMENT_MAGIC:
@@ -61,6 +63,9 @@ def _rebuild_data(k: int, m: int, ec_type: str, fragments: Sequence[bytes | byte
     missing = [i for i in range(k) if i not in by_idx]
     if not missing or len(by_idx) < k or any(i >= k + m for i in by_idx):
         return None
+    direct = _rebuild_direct(k, m, ec_type, by_idx, missing)
+    if direct is not None:
+        return direct
     try:
         made = driver(k, m, ec_type).reconstruct(_as_bytes(list(by_idx.values())[:k]), missing)
     except Exception:  # noqa: BLE001 - decode tries again and names the error
@@ -68,6 +73,33 @@ def _rebuild_data(k: int, m: int, ec_type: str, fragments: Sequence[bytes | byte
     for i, frag in zip(missing, made):
         by_idx[i] = frag
     return join_data_fragments(k, [by_idx[i] for i in range(k)])
+
+
+def _rebuild_direct(k: int, m: int, ec_type: str, by_idx: dict[int, bytes | bytearray],
+                    missing: list[int]) -> bytearray | None:
+    """_rebuild_data through store.ecdirect: the data fragments at hand copied into the
+    segment, the missing ones rebuilt there. None when the fragments do not agree on one
+    segment's layout or ecdirect cannot (pyeclib then)."""
+    first = by_idx[min(by_idx)]
+    _, size, backend_meta, orig = _META.unpack_from(first, 0)
+    if size <= 0 or not 0 < orig <= k * size or backend_meta != 0:
+        return None
+    for i, frag in by_idx.items():
+        if len(frag) != HEADER_BYTES + size or _META.unpack_from(frag, 0) != (i, size, 0, orig):
+            return None
+    if not ecdirect.usable(k, m, ec_type):
+        return None
+    buf = unfilled(k * size)
+    view = memoryview(buf)
+    for i in range(k):
+        if i in by_idx:
+            view[i * size:(i + 1) * size] = memoryview(by_idx[i])[HEADER_BYTES:]
+    sources = {i: (f, HEADER_BYTES) for i, f in by_idx.items()}
+    if not ecdirect.rebuild(k, m, ec_type, size, sources, {i: (buf, i * size) for i in missing}):
+        return None
+    view.release()
+    del buf[orig:]
+    return buf
 
 
 def _as_bytes(fragments: Sequence[bytes | bytearray]) -> list[bytes]:
@@ -164,6 +196,8 @@ class SegmentBuffer:
                 or len(placed) + len(others) < self.k:
             return None
         missing = [i for i in range(self.k) if i not in placed]
+        if self._rebuild_direct(m, ec_type, placed, others, missing):
+            return self.segment()
         frags = [self.fragment(i) for i in placed] + _as_bytes(list(others.values()))
         try:
             made = driver(self.k, m, ec_type).reconstruct(frags[:self.k], missing)
@@ -177,6 +211,33 @@ class SegmentBuffer:
                 head[:] = memoryview(frag)[:HEADER_BYTES]
                 body[:] = memoryview(frag)[HEADER_BYTES:]
         return self.segment()
+
+    def _rebuild_direct(self, m: int, ec_type: str, placed: Sequence[int],
+                        others: dict[int, bytes | bytearray], missing: list[int]) -> bool:
+        """rebuild() through store.ecdirect: the payloads read in place and those of the
+        fragments read apart are the sources, the missing slots of the segment the
+        targets; each missing header is a survivor's with its own index (only this
+        buffer's data_layout reads them). False, nothing changed, when a fragment read
+        apart is not of this segment's shape or ecdirect cannot (pyeclib then)."""
+        p = self.payload
+        template: bytes | bytearray | None = self.heads[placed[0]] if placed else None
+        for i, frag in others.items():
+            if len(frag) != HEADER_BYTES + p or _MAGIC.unpack_from(frag, _MAGIC_AT)[0] != FRAGMENT_MAGIC:
+                return False
+            idx, size, _, _ = _META.unpack_from(frag, 0)
+            if idx != i or size != p:
+                return False
+            template = template or frag[:HEADER_BYTES]
+        assert self.buf is not None and template is not None
+        sources: dict[int, ecdirect.Where] = {i: (self.buf, i * p) for i in placed}
+        sources.update((i, (f, HEADER_BYTES)) for i, f in others.items())
+        if not ecdirect.rebuild(self.k, m, ec_type, p, sources,
+                                {i: (self.buf, i * p) for i in missing}):
+            return False
+        for i in missing:
+            self.heads[i][:] = template
+            struct.pack_into("<I", self.heads[i], 0, i)
+        return True
 
     def segment(self) -> bytearray | None:
         """The segment, once all k data fragments were read in (and checked); None if
