@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
 
 from pyeclib.ec_iface import ECDriver
 
 from store import ecdirect
 from store.alloc import unfilled
+from store.crc import crc32
 from store.errors import Corrupt
 
 # liberasurecode's fragment header (fragment_header_t, packed, little-endian): idx u32,
@@ -20,6 +21,7 @@ FRAGMENT_MAGIC = 0xB0C5ECC
 _META = struct.Struct("<IIIQ")
 _MAGIC = struct.Struct("<I")
 _MAGIC_AT = 59
+_METADATA_CHKSUM_AT = 67
 
 
 @lru_cache(maxsize=32)
@@ -63,6 +65,8 @@ def _rebuild_data(k: int, m: int, ec_type: str, fragments: Sequence[bytes | byte
     missing = [i for i in range(k) if i not in by_idx]
     if not missing or len(by_idx) < k or any(i >= k + m for i in by_idx):
         return None
+    if not _one_segment(by_idx.values()):
+        raise Corrupt("the fragments read disagree on their segment's size: not one segment's")
     direct = _rebuild_direct(k, m, ec_type, by_idx, missing)
     if direct is not None:
         return direct
@@ -100,6 +104,13 @@ def _rebuild_direct(k: int, m: int, ec_type: str, by_idx: dict[int, bytes | byte
     view.release()
     del buf[orig:]
     return buf
+
+
+def _one_segment(heads: Iterable[bytes | bytearray]) -> bool:
+    """Whether these fragment headers agree on their segment's payload and data sizes, as
+    every fragment of one segment does (pyeclib's reconstruct would rebuild wrong bytes
+    from fragments of two segments whose payloads happen to be of one size)."""
+    return len({_META.unpack_from(h, 0)[1::2] for h in heads if len(h) >= HEADER_BYTES}) <= 1
 
 
 def _as_bytes(fragments: Sequence[bytes | bytearray]) -> list[bytes]:
@@ -196,6 +207,8 @@ class SegmentBuffer:
                 or len(placed) + len(others) < self.k:
             return None
         missing = [i for i in range(self.k) if i not in placed]
+        if not _one_segment([*(self.heads[i] for i in placed), *others.values()]):
+            return None     # the caller's decode says Corrupt
         if self._rebuild_direct(m, ec_type, placed, others, missing):
             return self.segment()
         frags = [self.fragment(i) for i in placed] + _as_bytes(list(others.values()))
@@ -216,18 +229,20 @@ class SegmentBuffer:
                         others: dict[int, bytes | bytearray], missing: list[int]) -> bool:
         """rebuild() through store.ecdirect: the payloads read in place and those of the
         fragments read apart are the sources, the missing slots of the segment the
-        targets; each missing header is a survivor's with its own index (only this
-        buffer's data_layout reads them). False, nothing changed, when a fragment read
-        apart is not of this segment's shape or ecdirect cannot (pyeclib then)."""
+        targets; each missing header is a survivor's with its own index and metadata
+        checksum - the header pyeclib would have made. False, nothing changed, when a
+        fragment read apart is not of this segment's shape or ecdirect cannot (pyeclib
+        then)."""
         p = self.payload
-        template: bytes | bytearray | None = self.heads[placed[0]] if placed else None
+        template = bytes(self.heads[placed[0]]) if placed else None
         for i, frag in others.items():
             if len(frag) != HEADER_BYTES + p or _MAGIC.unpack_from(frag, _MAGIC_AT)[0] != FRAGMENT_MAGIC:
                 return False
-            idx, size, _, _ = _META.unpack_from(frag, 0)
-            if idx != i or size != p:
+            idx, size, backend_meta, orig = _META.unpack_from(frag, 0)
+            template = template or bytes(frag[:HEADER_BYTES])
+            if idx != i or size != p or backend_meta != 0 \
+                    or orig != _META.unpack_from(template, 0)[3]:
                 return False
-            template = template or frag[:HEADER_BYTES]
         assert self.buf is not None and template is not None
         sources: dict[int, ecdirect.Where] = {i: (self.buf, i * p) for i in placed}
         sources.update((i, (f, HEADER_BYTES)) for i, f in others.items())
@@ -236,7 +251,7 @@ class SegmentBuffer:
             return False
         for i in missing:
             self.heads[i][:] = template
-            struct.pack_into("<I", self.heads[i], 0, i)
+            _set_index(self.heads[i], i)
         return True
 
     def segment(self) -> bytearray | None:
@@ -254,6 +269,14 @@ class SegmentBuffer:
             except BufferError:         # a view of it still held somewhere: copy
                 return bytearray(memoryview(buf)[:orig])
         return buf
+
+
+def _set_index(head: bytearray, idx: int) -> None:
+    """A fragment header made another fragment's of the same segment: its index and
+    liberasurecode's metadata checksum (CRC-32 of the 59 bytes before the magic); every
+    other field is the same in each fragment of a segment."""
+    struct.pack_into("<I", head, 0, idx)
+    struct.pack_into("<I", head, _METADATA_CHKSUM_AT, crc32(memoryview(head)[:_MAGIC_AT]))
 
 
 def reconstruct(k: int, m: int, ec_type: str, fragments: Sequence[bytes | bytearray],

@@ -23,7 +23,7 @@ import ctypes.util
 import functools
 import os
 import random
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,9 @@ HEADER_BYTES = 80
 GENERATORS = {"isa_l_rs_vand": "gf_gen_rs_matrix", "isa_l_rs_cauchy": "gf_gen_cauchy1_matrix"}
 ENV = "ECSTORE_EC_DIRECT"       # "0": never (pyeclib for every rebuild: A/B runs)
 SELF_CHECK_PAYLOAD = 4096       # bytes per fragment of the segment the matrix is checked on
+MAX_PAYLOAD = 2**31 - 1         # ec_encode_data's length is a C int
+
+stats = {"rebuilds": 0}         # rebuild() calls that rebuilt (benchmarks and tests read it)
 
 # (buffer, offset): the fragment's payload is buffer[offset:offset + payload]
 Where = tuple[Any, int]
@@ -39,17 +42,17 @@ Where = tuple[Any, int]
 @functools.cache
 def _lib() -> Any:
     """libisal with the symbols used, argument types set; None if there is none."""
-    names = []
-    try:
-        import pyeclib
-        libs = Path(pyeclib.__file__).resolve().parent.parent / "pyeclib.libs"
-        names += sorted(str(p) for p in libs.glob("libisal*.so*"))
-    except ImportError:   # pragma: no cover - pyeclib is a dependency
-        pass
-    found = ctypes.util.find_library("isal")
-    if found:
-        names.append(found)
-    for name in names:
+    def candidates() -> Iterator[str]:
+        try:
+            import pyeclib
+            libs = Path(pyeclib.__file__).resolve().parent.parent / "pyeclib.libs"
+            yield from sorted(str(p) for p in libs.glob("libisal*.so*"))
+        except ImportError:   # pragma: no cover - pyeclib is a dependency
+            pass
+        found = ctypes.util.find_library("isal")     # the system's (slower to look up)
+        if found:
+            yield found
+    for name in candidates():
         try:
             lib = ctypes.CDLL(name)
             vp, i = ctypes.c_void_p, ctypes.c_int
@@ -164,7 +167,7 @@ def rebuild(k: int, m: int, ec_type: str, payload: int, sources: Mapping[int, Wh
     Every target must be writable (a bytearray or a view of one). False, nothing
     written, when this cannot be done here (unusable code, too few sources, a singular
     matrix, a buffer too short): the caller falls back to pyeclib."""
-    if not targets or payload <= 0 or not usable(k, m, ec_type):
+    if not targets or not 0 < payload <= MAX_PAYLOAD or not usable(k, m, ec_type):
         return False
     survivors = tuple(sorted(i for i in sources if 0 <= i < k + m)[:k])
     missing = tuple(sorted(targets))
@@ -184,6 +187,7 @@ def rebuild(k: int, m: int, ec_type: str, payload: int, sources: Mapping[int, Wh
         _encode(k, len(missing), payload, tables, src, dst)
     finally:
         keep.clear()         # the buffers can be resized again
+    stats["rebuilds"] += 1
     return True
 
 

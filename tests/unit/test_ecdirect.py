@@ -131,6 +131,73 @@ def test_a_fragment_read_apart_of_another_shape_goes_to_pyeclib(monkeypatch: pyt
     buf = codec.SegmentBuffer(4)
     for i in (0, 1):
         _place(buf, i, frags[i])
+    before = ecdirect.stats["rebuilds"]
     swapped = buf.rebuild(2, "isa_l_rs_vand", [0, 1], {4: frags[5], 5: frags[4]})
-    assert swapped is None or bytes(swapped) == seg
+    assert swapped is not None and bytes(swapped) == seg     # pyeclib reads their headers
+    assert ecdirect.stats["rebuilds"] == before                  # not rebuilt in place
     assert bytes(buf.rebuild(2, "isa_l_rs_vand", [0, 1], {4: frags[4], 5: frags[5]}) or b"") == seg
+    assert ecdirect.stats["rebuilds"] == before + 1
+
+
+def test_the_headers_rebuilt_in_place_are_pyeclibs() -> None:
+    """A rebuilt slot's header is the one pyeclib made for that fragment (its index and
+    metadata checksum set), so its copy decodes like the original."""
+    seg = random.Random(13).randbytes(2_000_000)
+    frags = codec.encode(4, 2, "isa_l_rs_vand", seg)
+    buf = codec.SegmentBuffer(4)
+    for i in (0, 3):
+        _place(buf, i, frags[i])
+    assert bytes(buf.rebuild(2, "isa_l_rs_vand", [0, 3], {4: frags[4], 5: frags[5]}) or b"") == seg
+    for i in range(4):
+        assert buf.fragment(i) == frags[i], i
+    drv = codec.driver(4, 2, "isa_l_rs_vand")
+    assert drv.decode([buf.fragment(1), buf.fragment(2), frags[4], frags[5]]) == seg
+
+
+def test_fragments_of_two_segments_are_never_rebuilt_into_one() -> None:
+    """Parity of another segment whose payloads are as long (a different data size,
+    the last segment of another object): not rebuilt from - rebuild says None and decode
+    raises Corrupt (pyeclib's reconstruct made wrong bytes of it)."""
+    a = random.Random(14).randbytes(40_000)
+    b = random.Random(15).randbytes(39_997)
+    fa, fb = codec.encode(4, 2, "isa_l_rs_vand", a), codec.encode(4, 2, "isa_l_rs_vand", b)
+    assert len(fa[0]) == len(fb[0])
+    buf = codec.SegmentBuffer(4)
+    for i in (0, 1):
+        _place(buf, i, fa[i])
+    assert buf.rebuild(2, "isa_l_rs_vand", [0, 1], {4: fb[4], 5: fb[5]}) is None
+    with pytest.raises(codec.Corrupt):
+        codec.decode(4, 2, "isa_l_rs_vand", [fa[0], fa[1], fb[4], fb[5]])
+    assert bytes(codec.decode(4, 2, "isa_l_rs_vand", [fa[0], fa[1], fa[4], fa[5]])) == a
+
+
+def test_a_code_that_fails_the_self_check_goes_to_pyeclib(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ecdirect, "_agrees_with_pyeclib", lambda *a: False)
+    ecdirect._matrix.cache_clear()
+    try:
+        assert not ecdirect.usable(4, 2, "isa_l_rs_vand")
+        seg = random.Random(16).randbytes(300_000)
+        frags = codec.encode(4, 2, "isa_l_rs_vand", seg)
+        before = ecdirect.stats["rebuilds"]
+        buf = codec.SegmentBuffer(4)
+        for i in (2, 3):
+            _place(buf, i, frags[i])
+        assert bytes(buf.rebuild(2, "isa_l_rs_vand", [2, 3], {4: frags[4], 5: frags[5]}) or b"") == seg
+        assert ecdirect.stats["rebuilds"] == before
+    finally:
+        monkeypatch.undo()
+        ecdirect._matrix.cache_clear()
+    assert ecdirect.usable(4, 2, "isa_l_rs_vand")
+
+
+def test_read_only_views_and_oversized_lengths_are_refused() -> None:
+    k, m, ec = 4, 2, "isa_l_rs_vand"
+    frags = codec.encode(k, m, ec, random.Random(17).randbytes(40_000))
+    p = len(frags[0]) - H
+    src = {i: (frags[i], H) for i in (2, 3, 4, 5)}
+    out = bytearray(p)
+    assert not ecdirect.rebuild(k, m, ec, p, src, {0: (memoryview(out).toreadonly(), 0)})
+    ro = {**src, 2: (memoryview(frags[2]), H)}      # a view of bytes: read-only, refused
+    assert not ecdirect.rebuild(k, m, ec, p, ro, {0: (out, 0)})
+    assert not ecdirect.rebuild(k, m, ec, 2**31, src, {0: (out, 0)})
+    assert out == bytes(p)
