@@ -10,6 +10,7 @@ point.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,9 @@ from store.workers import WorkReport
 
 SCAN_PAGE = 1000
 NOTES_PER_POST = 10_000            # under node.metadb.MAX_CARRIED_NOTES
+MOVE_PARALLEL = 16                 # keys of a page moved at once
+NOTES_PAGE = SCAN_PAGE             # keys with notes per notes-only listing page
+MAX_NOTES_PAGES = 1000             # notes-only pages read for one page of records
 
 
 @dataclass
@@ -78,17 +82,20 @@ async def _bucket_records(c: Client, node: Node, report: MetaMoveReport | Replic
 
 async def _put_all(c: Client, nodes: tuple[Node, ...], path: str, record: dict[str, Any],
                    report: MetaMoveReport) -> bool:
-    ok = True
-    for n in nodes:
+    """The record to every node at once; True if each took it (or held it already)."""
+    body = pack(record)
+
+    async def one(n: Node) -> bool:
         try:
-            reply = await c.t.request("PUT", n.address, path, body=pack(record), timeout_s=10)
+            reply = await c.t.request("PUT", n.address, path, body=body, timeout_s=10)
             if unpack(reply.body).get("applied"):
                 report.copied += 1
+            return True
         except EcstoreError as exc:
-            ok = False
             report.failed += 1
             report.errors.append(f"{path} -> {n.id}: {exc.message}")
-    return ok
+            return False
+    return all(await asyncio.gather(*(one(n) for n in nodes)))
 
 
 async def _move_bucket(c: Client, cmap: ClusterMap, node: Node, bucket: str, dry_run: bool,
@@ -99,8 +106,10 @@ async def _move_bucket(c: Client, cmap: ClusterMap, node: Node, bucket: str, dry
                                   query={"after": after, "limit": SCAN_PAGE, "full": "1"},
                                   timeout_s=60)
         page = unpack(reply.body, 64 * 1024 * 1024)
+        start = after
         if page["records"]:     # read before the loop takes each record's key out of it
             after = page["records"][-1]["key"]
+        moving: list[tuple[str, dict[str, Any], tuple[Node, ...]]] = []
         for rec in page["records"]:
             key = rec.pop("key")
             report.records_checked += 1
@@ -109,28 +118,63 @@ async def _move_bucket(c: Client, cmap: ClusterMap, node: Node, bucket: str, dry
                 if dry_run and node.id not in {o.id for o in owners}:
                     report.copied += 1
                 continue
-            if await _put_all(c, owners, meta_path(bucket, key), rec, report) \
-                    and await _carry_notes(c, node, owners, bucket, key, report):
-                await _drop(c, node, bucket, key, rec["version_id"], report)
+            moving.append((key, rec, owners))
+        if moving:
+            # the notes of this page's keys, read after their records (a version written
+            # since is another one: its drop is refused, the next run moves it)
+            notes = await _page_notes(c, node, bucket, start, moving[-1][0], report)
+            sem = asyncio.Semaphore(MOVE_PARALLEL)
+
+            async def move(key: str, rec: dict[str, Any], owners: tuple[Node, ...]) -> None:
+                async with sem:
+                    if notes is None:       # unread: nothing of this page is dropped
+                        return
+                    if await _put_all(c, owners, meta_path(bucket, key), rec, report) \
+                            and await _carry_notes(c, owners, bucket, key, notes.get(key), report):
+                        await _drop(c, node, bucket, key, rec["version_id"], report)
+            await asyncio.gather(*(move(*m) for m in moving))
         if not page["truncated"] or not page["records"]:
             return
 
 
-async def _carry_notes(c: Client, node: Node, owners: tuple[Node, ...], bucket: str,
-                       key: str, report: MetaMoveReport) -> bool:
-    """Bring the notes of the versions this key's records replaced on `node` (read after
-    the record was: a replacement after that is another version, which the drop refuses)
-    to each of its owners, for gc (node.metadb.carried_notes). False, counted as failed,
-    when they could not be read or given: the record is not dropped then (a later run
-    tries again)."""
+async def _page_notes(c: Client, node: Node, bucket: str, after: str, last: str,
+                      report: MetaMoveReport) -> dict[str, list[Any]] | None:
+    """The notes `node` keeps of the versions replaced by the records of keys after
+    `after` up to `last` (the notes-only listing, resumed until it passes `last`); None,
+    counted as failed, if it did not answer - the page's records are then copied but not
+    dropped (a later run tries again). A node of a version before the notes answers
+    none."""
     if bucket in SYSTEM_BUCKETS:        # never noted
+        return {}
+    notes: dict[str, list[Any]] = {}
+    try:
+        for _ in range(MAX_NOTES_PAGES):
+            reply = await c.t.request("GET", node.address, f"/v1/list/{bucket}", timeout_s=30,
+                                      query={"after": after, "limit": NOTES_PAGE, "replaced": 1,
+                                             "notes": 1})
+            page = unpack(reply.body, 64 * 1024 * 1024)
+            notes.update((k, v) for k, v in page.get("replaced", {}).items() if k <= last)
+            resume = page.get("last") or ""
+            if not page.get("truncated") or not resume or resume >= last:
+                return notes
+            after = resume
+        raise EcstoreError(f"more than {MAX_NOTES_PAGES} pages of notes for one page of "
+                           "records")
+    except EcstoreError as exc:
+        report.failed += 1
+        report.errors.append(f"notes of {bucket} after {after!r} from {node.id}: {exc.message}")
+        return None
+
+
+async def _carry_notes(c: Client, owners: tuple[Node, ...], bucket: str, key: str,
+                       entries: list[Any] | None, report: MetaMoveReport) -> bool:
+    """Bring the notes of the versions this key's records replaced on the node it leaves
+    (_page_notes) to each of its owners, for gc (node.metadb.carried_notes). False,
+    counted as failed, when they could not be given: the record is not dropped then (a
+    later run tries again)."""
+    if not entries:
         return True
     try:
-        reply = await c.t.request("GET", node.address, f"/v1/list/{bucket}", timeout_s=10,
-                                  query={"prefix": key, "limit": 1, "replaced": 1, "notes": 1})
-        entries = unpack(reply.body, 64 * 1024 * 1024).get("replaced", {}).get(key)
-        if not entries:
-            return True
         for n in owners:
             for at in range(0, len(entries), NOTES_PER_POST):   # merged: any split will do
                 given = await c.t.request(
@@ -141,12 +185,12 @@ async def _carry_notes(c: Client, node: Node, owners: tuple[Node, ...], bucket: 
                     report.errors.append(
                         f"notes of {bucket}/{key}: control node {n.id} takes none (a version "
                         "before the twenty-ninth session): upgrade it, then run rebalance "
-                        "again - the record stays on " + node.id)
+                        "again - the record stays where it is")
                     return False
         return True
     except EcstoreError as exc:
         report.failed += 1
-        report.errors.append(f"notes of {bucket}/{key} from {node.id}: {exc.message}")
+        report.errors.append(f"notes of {bucket}/{key} to the owners: {exc.message}")
         return False
 
 
@@ -188,6 +232,23 @@ async def repair_replicas(c: Client, dry_run: bool = False) -> ReplicaReport:
         await _copy_bucket_records(c, cmap, report)
     scan = await control_scan(c, cmap, "the replica check")
     keys = sorted({bk for rows in scan.values() for bk in rows})
+    sem = asyncio.Semaphore(MOVE_PARALLEL)
+
+    async def give(bucket: str, key: str, holder: Node, lacking: list[Node]) -> None:
+        async with sem:
+            try:
+                reply = await c.t.request("GET", holder.address, meta_path(bucket, key),
+                                          timeout_s=10)
+            except EcstoreError as exc:
+                report.failed += 1
+                report.errors.append(f"{bucket}/{key} from {holder.id}: {exc.message}")
+                return
+            copy = MetaMoveReport()
+            await _put_all(c, tuple(lacking), meta_path(bucket, key), unpack(reply.body), copy)
+            report.copied += copy.copied
+            report.failed += copy.failed
+            report.errors += copy.errors
+    gives = []
     for bucket, key in keys:
         report.records_checked += 1
         owners = cmap.control_nodes_for(f"{bucket}/{key}")
@@ -205,17 +266,11 @@ async def repair_replicas(c: Client, dry_run: bool = False) -> ReplicaReport:
         holder = next(n for n in cmap.control.nodes
                       if (r := scan[n.id].get((bucket, key))) is not None
                       and (r["ts"], r["version_id"]) == order)
-        try:
-            reply = await c.t.request("GET", holder.address, meta_path(bucket, key), timeout_s=10)
-        except EcstoreError as exc:
-            report.failed += 1
-            report.errors.append(f"{bucket}/{key} from {holder.id}: {exc.message}")
-            continue
-        copy = MetaMoveReport()
-        await _put_all(c, tuple(lacking), meta_path(bucket, key), unpack(reply.body), copy)
-        report.copied += copy.copied
-        report.failed += copy.failed
-        report.errors += copy.errors
+        gives.append(give(bucket, key, holder, lacking))
+        if len(gives) >= 4 * MOVE_PARALLEL:     # coroutines made a batch at a time
+            await asyncio.gather(*gives)
+            gives = []
+    await asyncio.gather(*gives)
     report.seconds = time.monotonic() - started
     return report
 

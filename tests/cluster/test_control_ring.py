@@ -201,7 +201,7 @@ def test_a_metadata_move_carries_more_notes_than_one_request_takes(
     """A key overwritten by big multipart objects holds tens of thousands of young notes;
     a control node takes at most 20,000 a request (node.metadb.MAX_CARRIED_NOTES), so the
     move sends them in parts - in one, it was refused, and that record never moved."""
-    from store.metamove import MetaMoveReport, _carry_notes
+    from store.metamove import MetaMoveReport, _carry_notes, _page_notes
     from store.wire import pack
     now = time.time_ns()
     notes = [[f"{now - 600 * 10**9 + i:016x}{i:016x}", now - i] for i in range(25_000)]
@@ -214,13 +214,45 @@ def test_a_metadata_move_carries_more_notes_than_one_request_takes(
                 await c.t.request("POST", src.address, "/v1/notes/noted/bulk",
                                   body=pack(notes[at:at + 12_500]))
             report = MetaMoveReport()
-            assert await _carry_notes(c, src, (dst,), "noted", "bulk", report)
+            read = await _page_notes(c, src, "noted", "bulk-", "bulk", report)
+            assert read == {}                                   # none in that range
+            read = await _page_notes(c, src, "noted", "", "bulk", report)
+            assert read is not None and len(read["bulk"]) == len(notes)
+            assert await _carry_notes(c, (dst,), "noted", "bulk", read["bulk"], report)
             r = await c.t.request("GET", dst.address, "/v1/list/noted", query={
                 "prefix": "bulk", "limit": 1, "replaced": 1, "notes": 1})
             return report, len(unpack(r.body)["replaced"]["bulk"])
     report, held = asyncio.run(go())
     assert report.failed == 0 and report.errors == [], report.errors
     assert held == len(notes)
+
+
+def test_a_metadata_move_reads_a_page_of_records_notes_in_as_many_pages_as_it_takes(
+        cluster: LocalCluster, noted: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A metadata move reads the notes of a page of records through the notes-only
+    listing, resumed page after page up to the page's last key (3 keys a page here): it
+    gets exactly what each key's own notes read gives, and nothing past that key."""
+    from store import metamove
+    monkeypatch.setattr(metamove, "NOTES_PAGE", 3)
+    keys = sorted(noted)
+    last = keys[len(keys) * 2 // 3]
+
+    async def go() -> None:
+        async with Client.connect(cluster.path) as c:
+            cmap = await c.cluster_map(refresh=True)
+            for node in cmap.control.nodes:
+                want = {}
+                for key in keys:
+                    r = await c.t.request("GET", node.address, "/v1/list/noted", query={
+                        "prefix": key, "limit": 1, "replaced": 1, "notes": 1})
+                    entries = unpack(r.body)["replaced"].get(key)
+                    if entries and keys[0] < key <= last:
+                        want[key] = entries
+                report = metamove.MetaMoveReport()
+                got = await metamove._page_notes(c, node, "noted", keys[0], last, report)
+                assert got == want and report.failed == 0, (node.id, report.errors)
+                assert len(want) > 3, node.id      # more than one page of them
+    asyncio.run(go())
 
 
 def test_notes_of_another_shape_are_refused_with_a_reason(cluster: LocalCluster) -> None:
