@@ -57,6 +57,9 @@ UNMATCHED_OP = "unmatched"    # no route: 404 or 405
 REQUEST_ID = web.RequestKey("ecstore_request_id", str)
 OP = web.RequestKey("ecstore_op", str)
 STARTED = web.RequestKey("ecstore_started", float)   # time.perf_counter() at the middleware
+# why an answer whose status line was sent could not be finished (the connection was cut):
+# its log line says so at WARNING, and it is counted as a 500
+CUT_SHORT = web.RequestKey("ecstore_cut_short", str)
 Families = Iterable[Metric]
 
 # No *_created series: they double what a scrape carries and Prometheus does not need them.
@@ -202,12 +205,15 @@ class Observer:
         started = request.get(STARTED)
         if started is not None:
             elapsed_s = time.perf_counter() - started
-        self.record(request.get(OP, UNPARSED_OP), request.method, response.status, elapsed_s,
+        cut = request.get(CUT_SHORT)
+        self.record(request.get(OP, UNPARSED_OP), request.method,
+                    response.status if cut is None else 500, elapsed_s,
                     getattr(request.content, "total_bytes", 0), response.body_length,
-                    request.get(REQUEST_ID, "-"))
+                    request.get(REQUEST_ID, "-"), cut, response.status)
 
     def record(self, op: str, method: str, status: int, elapsed_s: float, n_in: int,
-               n_out: int, request_id: str) -> None:
+               n_out: int, request_id: str, cut_short: str | None = None,
+               sent_status: int = 0) -> None:
         """Count one answered request and write its log line (request_done's, and the
         storage node's fast path's: node.fastpath answers without an aiohttp request)."""
         key = (op, status)
@@ -225,10 +231,13 @@ class Observer:
             children[3].inc(n_out)
         if method not in KNOWN_METHODS:
             method = "OTHER"
+        fields = {"request_id": request_id, "method": method, "op": op,
+                  "status": status, "duration_ms": round(elapsed_s * 1000, 1),
+                  "bytes_in": n_in, "bytes_out": n_out}
+        if cut_short is not None:   # the status line said sent_status; the body was cut
+            fields.update(sent_status=sent_status, cut_short=cut_short)
         log_event(request_log, logging.INFO if status < 500 else logging.WARNING, "request",
-                  {"request_id": request_id, "method": method, "op": op,
-                   "status": status, "duration_ms": round(elapsed_s * 1000, 1),
-                   "bytes_in": n_in, "bytes_out": n_out})
+                  fields)
 
 
 def client_metrics(client: Any) -> Families:

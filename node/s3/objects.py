@@ -12,6 +12,7 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
+from node.metrics import CUT_SHORT
 from node.s3.body import DIGEST_BYTES, BodyReader
 from node.s3.context import Md5Stream, S3Ctx, access_denied, bucket_owner, canned_acl
 from node.s3.errors import S3Error, not_implemented, to_s3_error
@@ -400,11 +401,16 @@ async def send_body(ctx: S3Ctx, resp: web.StreamResponse, rec: dict[str, Any], l
     except EcstoreError as exc:
         # the status line is gone: cut the connection so that the client sees a short
         # body, never one that looks complete
+        # (returned, not raised: raised after the status line, aiohttp logged a
+        # traceback at ERROR and wrote no request line - the request log is where an
+        # operator looks for a failed GET)
         log.warning("GET %s/%s failed after %s: %s", ctx.bucket, ctx.key,
                     resp.headers.get("Content-Range", "the headers"), exc.message)
+        ctx.request[CUT_SHORT] = f"{exc.code} after {sent} of {hi - lo} bytes: {exc.message}"
         if ctx.request.transport is not None:
             ctx.request.transport.abort()
-        raise ConnectionResetError("response cut short") from None
+        await stream.aclose()
+        return
     await resp.write_eof()
 
 

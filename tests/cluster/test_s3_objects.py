@@ -7,6 +7,7 @@ the GetObject/HeadObject pages), not our implementation's.
 # ruff: noqa: F811
 from __future__ import annotations
 
+import time
 from datetime import datetime, timedelta, timezone
 from email.utils import parsedate_to_datetime
 
@@ -352,11 +353,17 @@ def test_a_range_get_reads_only_the_segments_it_needs(s3: BaseClient, s3_once: B
                     f"{resp.get('ContentRange')} with body {body[:40]!r}")
 
 
-def test_a_get_that_fails_mid_stream_never_looks_complete(gateway: Gateway, bucket: str,
+def test_a_get_that_fails_mid_stream_never_looks_complete(s3_cluster: LocalCluster,
+                                                          gateway: Gateway, bucket: str,
                                                           lost_segment: bytes) -> None:
     """Segments 0 and 1 may already be sent when segment 2 fails: the client must then see
     an error or a short body (connection closed), never Content-Length bytes that are not
-    the object, and not a response left hanging until the client's read timeout."""
+    the object, and not a response left hanging until the client's read timeout. The
+    gateway's request log has the GET, counted as a 500 with why it was cut, and no
+    traceback (it logged aiohttp's ERROR traceback and no request line until the
+    thirtieth session)."""
+    log = s3_cluster.dir / "logs" / "gw1.log"
+    before = log.stat().st_size
     client = make_client(gateway, retries=False, read_timeout=15)
     try:
         resp = client.get_object(Bucket=bucket, Key="lost-segment")
@@ -370,6 +377,15 @@ def test_a_get_that_fails_mid_stream_never_looks_complete(gateway: Gateway, buck
     else:
         pytest.fail(f"a GET missing segment 2 returned {len(body)} bytes as if complete "
                     f"(equal to the object: {body == lost_segment})")
+    text = ""
+    for _ in range(300):     # the request line is written once the handler is done
+        text = log.read_bytes()[before:].decode(errors="replace")
+        if "op=get_object" in text and "cut_short=" in text:
+            break
+        time.sleep(0.05)
+    lines = [ln for ln in text.splitlines() if "op=get_object" in ln and "cut_short=" in ln]
+    assert lines and "status=500" in lines[0] and "sent_status=200" in lines[0], text[-3000:]
+    assert "Error handling request" not in text and "Traceback" not in text, text[-3000:]
 
 
 # ---- conditional GET and HEAD ------------------------------------------------------------
