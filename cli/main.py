@@ -671,7 +671,9 @@ async def _repair(c: Client, a: argparse.Namespace, state: Path) -> int:
         report_table("repair" + (" (dry run: nothing written)" if a.dry_run else ""),
                      [(n.replace("_", " "), rep[n]) for n in names]
                      + [("bytes rebuilt", human(rep["bytes_rebuilt"])),
-                        ("unrecoverable objects", len(rep["unrecoverable"])),
+                        ("unrecoverable objects" if not rep["unlisted"] else
+                         "unrecoverable objects while nodes are unlisted",
+                         len(rep["unrecoverable"])),
                         ("metadata records checked", rep["metadata"]["records_checked"]),
                         ("metadata replicas to copy" if a.dry_run else "metadata replicas copied",
                          rep["metadata"]["copied"]),
@@ -680,8 +682,10 @@ async def _repair(c: Client, a: argparse.Namespace, state: Path) -> int:
         for node_id, volumes in sorted(rep["damage_cleared"].items()):
             out.print(f"{node_id}: rewriting {', '.join(volumes)} without the damaged bytes "
                       "its status named (what they held is rebuilt)", highlight=False)
-        for name in rep["unrecoverable"]:
-            out.print(f"[red]unrecoverable:[/] {name}", highlight=False)
+        for name in rep["unrecoverable"]:   # with nodes unlisted: maybe only for now
+            out.print(f"[red]unrecoverable:[/] {name}" if not rep["unlisted"] else
+                      f"[red]unrecoverable now:[/] {name} (fragments it lacks may be on the "
+                      "nodes that did not answer)", highlight=False)
         for e in rep["errors"]:
             err.print(f"[yellow]warning:[/] {e}", highlight=False)
     if rep["unlisted"]:     # a cluster failure: what they hold was not checked

@@ -3,6 +3,7 @@ placement) while fragments it could not see may sit on the node that did not ans
 readers would stop looking there, and m more lost nodes would lose acknowledged objects."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -13,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from cli.localcluster import LocalCluster
-from store.client import SyncClient
+from store.client import Client, SyncClient, expected_fragment_nodes
+from store.striping import fragment_id
 from tests.cluster.conftest import running_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,6 +158,30 @@ def test_repair_with_a_node_down_says_it_is_incomplete(cluster: LocalCluster,
     finally:
         bring_back(cluster, "s6")
     assert json.loads(ok(cluster, "repair", "--dry-run", "--json").stdout)["unlisted"] == []
+    # an object two of whose fragments are gone (deleted) and whose third is on a node
+    # that does not answer: it cannot be rebuilt now - the table says so, not
+    # "unrecoverable" as if lost for good (it is not: that node back, repair rebuilds it)
+    async def drop_two() -> str:
+        async with Client.connect(cluster.path) as c:
+            rec = await c.live_record("down", "o07")
+            nodes = expected_fragment_nodes(await c.cluster_map(refresh=True), rec, 0)
+            for i in (0, 1):
+                await c.t.request("DELETE", nodes[i].address,
+                                  f"/v1/fragments/{fragment_id(rec['version_id'], 0, i)}")
+            return nodes[2].id
+    third = asyncio.run(drop_two())
+    LocalCluster.load(cluster.dir).kill_node(third)
+    try:
+        proc = run(cluster, "repair", "--dry-run")
+        text = " ".join((proc.stdout + proc.stderr).decode().split())
+        assert proc.returncode == 1, text
+        assert "unrecoverable objects while nodes are unlisted 1" in text
+        assert "unrecoverable now: down/o07" in text and "unrecoverable:" not in text, text
+    finally:
+        bring_back(cluster, third)
+    rep = json.loads(ok(cluster, "repair", "--json").stdout)
+    assert rep["unrecoverable"] == [] and rep["fragments_rebuilt"] == 2, rep
+    check_all(cluster, objects)
 
 
 def test_a_second_rebalance_or_repair_is_refused_while_one_runs(cluster: LocalCluster) -> None:
