@@ -5,10 +5,13 @@ object's handoffs) says a reader looks; the source is any node whose listing hol
 A move is GET (verified) from the source, PUT (fsynced) on the target, and only then
 DELETE on the source. Readers that miss a fragment at its new place look where the
 previous epoch put it (store.client_get), so reads keep working during the move.
-`plan_moves` is pure; `RebalanceWorker.step()` moves one object's fragments per call.
+`plan_moves` is pure; `RebalanceWorker.step()` moves a few objects' fragments per call,
+several moves at a time.
 """
 from __future__ import annotations
 
+import asyncio
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +23,10 @@ from store.client import Client, expected_fragment_nodes
 from store.errors import EcstoreError
 from store.multipart import part_extent_records
 from store.striping import fragment_id, record_extents
-from store.workers import Checkpoint, RateLimiter, WorkReport, all_listings, live_records
+from store.workers import Checkpoint, InOrder, RateLimiter, WorkReport, all_listings, live_records
+
+STEP_OBJECTS = 16       # objects a step takes
+MOVE_PARALLEL = 8       # fragment moves at once (each holds one fragment in memory)
 
 
 @dataclass(frozen=True)
@@ -86,7 +92,7 @@ class RebalanceWorker:
         self.limiter = RateLimiter(rate_mb_s)
         self.checkpoint = Checkpoint(None if dry_run else state_path)
         done_upto = self.checkpoint.load()
-        self.todo = [r for r in records if (r[0], r[1]) > done_upto]
+        self.todo = deque(r for r in records if (r[0], r[1]) > done_upto)
         self.resumed_after = len(records) - len(self.todo)
         self.report = RebalanceReport(resumed_after=self.resumed_after)
         self.planned_bytes = 0
@@ -100,40 +106,54 @@ class RebalanceWorker:
         self.checkpoint.finish()
 
     async def step(self) -> bool:
-        """Move the next object's misplaced fragments; False when none is left."""
+        """Move the misplaced fragments of the next objects (up to STEP_OBJECTS, their
+        moves MOVE_PARALLEL at a time); False when none is left. The checkpoint takes the
+        objects in order, as if they were moved one by one."""
         if not self.todo:
             return False
-        bucket, key, record = self.todo.pop(0)
-        moves, lost = plan_moves(self.cmap, record, self.listings, self.nodes)
-        self.report.objects_checked += 1
-        self.report.skipped += lost
-        for mv in moves:
-            if mv.target.id not in self.listings:
-                # a target that did not answer its listing (stalled, down) would take each
-                # copy's full timeout, and a pass sat silent for minutes; the move fails
-                # (the map is not settled) and the next run does it
-                self.report.failed += 1
-                self.checkpoint.hold()
-                if mv.target.id not in self.unlisted_targets:
-                    self.unlisted_targets.add(mv.target.id)
-                    self.report.errors.append(
-                        f"{mv.target.id} did not answer its listing: fragments the map "
-                        f"places there not moved (counted in failed)")
-                continue
-            if self.dry_run:
-                self.report.moved += 1
-                continue
-            try:
-                size = await self._move(mv)
-                self.report.moved += 1
-                self.report.bytes_moved += size
-                await self.limiter.spend(size)
-            except EcstoreError as exc:
-                self.report.failed += 1
-                self.checkpoint.hold()   # a resumed pass comes back to this object
-                self.report.errors.append(f"{bucket}/{key} {mv.fid} {mv.source.id}->"
-                                          f"{mv.target.id}: {exc.message}")
-        self.checkpoint.save(bucket, key)
+        batch = [self.todo.popleft() for _ in range(min(STEP_OBJECTS, len(self.todo)))]
+        order = InOrder(self.checkpoint, [(b, k) for b, k, _ in batch])
+        sem = asyncio.Semaphore(MOVE_PARALLEL)
+
+        async def move(bucket: str, key: str, mv: Move) -> bool:
+            async with sem:
+                try:
+                    size = await self._move(mv)
+                    self.report.moved += 1
+                    self.report.bytes_moved += size
+                    await self.limiter.spend(size)
+                    return True
+                except EcstoreError as exc:
+                    self.report.failed += 1
+                    self.report.errors.append(f"{bucket}/{key} {mv.fid} {mv.source.id}->"
+                                              f"{mv.target.id}: {exc.message}")
+                    return False
+
+        async def rebalance(n: int, bucket: str, key: str, record: dict[str, Any]) -> None:
+            moves, lost = plan_moves(self.cmap, record, self.listings, self.nodes)
+            self.report.objects_checked += 1
+            self.report.skipped += lost
+            failed = False
+            todo = []
+            for mv in moves:
+                if mv.target.id not in self.listings:
+                    # a target that did not answer its listing (stalled, down) would take
+                    # each copy's full timeout, and a pass sat silent for minutes; the move
+                    # fails (the map is not settled) and the next run does it
+                    self.report.failed += 1
+                    failed = True
+                    if mv.target.id not in self.unlisted_targets:
+                        self.unlisted_targets.add(mv.target.id)
+                        self.report.errors.append(
+                            f"{mv.target.id} did not answer its listing: fragments the map "
+                            f"places there not moved (counted in failed)")
+                elif self.dry_run:
+                    self.report.moved += 1
+                else:
+                    todo.append(move(bucket, key, mv))
+            done = await asyncio.gather(*todo)
+            order.done(n, failed or not all(done))   # failed: a resumed pass comes back
+        await asyncio.gather(*(rebalance(n, *item) for n, item in enumerate(batch)))
         return True
 
     async def _move(self, mv: Move) -> int:

@@ -3,11 +3,14 @@
 What must exist comes from the metadata (every live object's record); what does exist
 comes from each storage node's fragment listing (one paginated listing per node, not one
 request per fragment; a quarantined fragment is not listed, so it counts as missing).
-`plan_object` is pure; `RepairWorker.step()` repairs one object per call.
+`plan_object` is pure; `RepairWorker.step()` repairs a few objects per call, their
+damaged segments several at a time.
 """
 from __future__ import annotations
 
+import asyncio
 import json
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +23,10 @@ from store.client import Client, expected_fragment_nodes, record_policy
 from store.errors import EcstoreError
 from store.multipart import part_extent_records
 from store.striping import fragment_id, record_extents
-from store.workers import Checkpoint, RateLimiter, WorkReport, all_listings, live_records
+from store.workers import Checkpoint, InOrder, RateLimiter, WorkReport, all_listings, live_records
+
+STEP_OBJECTS = 16       # objects a step takes
+REPAIR_PARALLEL = 8     # segments rebuilt at once (each holds k fragments and its rebuilt ones)
 
 
 @dataclass(frozen=True)
@@ -107,7 +113,7 @@ class RepairWorker:
         self.limiter = RateLimiter(rate_mb_s)
         self.checkpoint = Checkpoint(None if dry_run else state_path)
         done_upto = self.checkpoint.load()
-        self.todo = [r for r in records if (r[0], r[1]) > done_upto]
+        self.todo = deque(r for r in records if (r[0], r[1]) > done_upto)
         self.skipped = len(records) - len(self.todo)
         self.report = RepairReport()
         self.opened: dict[str, str] = {}   # node id -> the open id its listing came with
@@ -120,64 +126,86 @@ class RepairWorker:
         return len(self.todo)
 
     async def step(self) -> bool:
-        """Check and repair the next object; False when there is nothing left."""
+        """Check and repair the next objects (up to STEP_OBJECTS, their damaged segments
+        REPAIR_PARALLEL at a time); False when there is nothing left. The report and the
+        checkpoint take each object in order, as if they were repaired one by one."""
         if not self.todo:
             return False
-        bucket, key, record = self.todo.pop(0)
-        plan = plan_object(self.cmap, bucket, key, record, self.listings)
+        batch = [self.todo.popleft() for _ in range(min(STEP_OBJECTS, len(self.todo)))]
+        plans = [plan_object(self.cmap, bucket, key, record, self.listings)
+                 for bucket, key, record in batch]
         r = self.report
-        r.objects_checked += 1
-        r.segments_damaged += len(plan.segments)
-        r.fragments_missing += sum(len(s.missing) for s in plan.segments)
-        if plan.unrecoverable:
-            r.unrecoverable.append(f"{bucket}/{key}")
-        failed_before = r.failed
-        if not self.dry_run:
-            for seg in plan.segments:
-                await self._repair_segment(plan, seg)
-        if r.failed > failed_before:
-            self.checkpoint.hold()   # a resumed run comes back to this object
-        self.checkpoint.save(bucket, key)
+        for plan in plans:
+            r.objects_checked += 1
+            r.segments_damaged += len(plan.segments)
+            r.fragments_missing += sum(len(s.missing) for s in plan.segments)
+            if plan.unrecoverable:
+                r.unrecoverable.append(f"{plan.bucket}/{plan.key}")
+        order = InOrder(self.checkpoint, [(p.bucket, p.key) for p in plans])
+        sem = asyncio.Semaphore(REPAIR_PARALLEL)
+
+        async def segment(plan: ObjectPlan, seg: SegmentRepair) -> int:
+            async with sem:
+                return await self._repair_segment(plan, seg)
+
+        async def repair(n: int, plan: ObjectPlan) -> None:
+            failed = 0
+            if not self.dry_run:
+                failed = sum(await asyncio.gather(*(segment(plan, seg) for seg in plan.segments)))
+            order.done(n, failed > 0)   # a failed one: a resumed run comes back to it
+        await asyncio.gather(*(repair(n, plan) for n, plan in enumerate(plans)))
         return True
 
-    async def _repair_segment(self, plan: ObjectPlan, seg: SegmentRepair) -> None:
+    async def _repair_segment(self, plan: ObjectPlan, seg: SegmentRepair) -> int:
+        """Rebuild one segment's missing fragments: k present ones read at once (the next
+        present one asked for each that fails), the rebuilt ones written at once.
+        Returns how many of them failed (also counted in the report)."""
         rec, r = plan.record, self.report
         k, m = rec["k"], rec["m"]
         vid = seg.version_id or rec["version_id"]
         got: dict[int, bytes | bytearray] = {}
-        for i, node in sorted(seg.present.items()):
-            if len(got) == k:
-                break
+        waiting = sorted(seg.present.items())
+
+        async def fetch(i: int, node: Node) -> None:
             try:
                 got[i] = await self.c.get_fragment(node, fragment_id(vid, seg.segment, i),
                                                    cache=False)
             except EcstoreError as exc:
                 r.errors.append(f"{plan.bucket}/{plan.key} seg {seg.segment} idx {i}: {exc.message}")
+        while len(got) < k and waiting:
+            wave, waiting = waiting[:k - len(got)], waiting[k - len(got):]
+            await asyncio.gather(*(fetch(i, node) for i, node in wave))
         if len(got) < k:
             name = f"{plan.bucket}/{plan.key}"
             if name not in r.unrecoverable:
                 r.unrecoverable.append(name)
             r.failed += len(seg.missing)
-            return
+            return len(seg.missing)
         try:
             rebuilt = codec.reconstruct(k, m, rec["ec_type"], list(got.values()), list(seg.missing))
         except EcstoreError as exc:
             r.failed += len(seg.missing)
             r.errors.append(f"{plan.bucket}/{plan.key} seg {seg.segment}: {exc.message}")
-            return
+            return len(seg.missing)
+        got.clear()         # not held while the rebuilt ones are written
         meta = {"bucket": plan.bucket, "key": plan.key, "version_id": vid,
                 "segment": seg.segment}
-        for idx, body in zip(seg.missing, rebuilt):
+
+        async def put(idx: int, body: bytes) -> int:
             try:
+                await self.limiter.spend(len(body))
                 await self.c.put_fragment(seg.targets[idx], fragment_id(vid, seg.segment, idx),
-                                           body, {**meta, "index": idx}, cache=False)
+                                          body, {**meta, "index": idx}, cache=False)
                 r.fragments_rebuilt += 1
                 r.bytes_rebuilt += len(body)
-                await self.limiter.spend(len(body))
+                return 0
             except EcstoreError as exc:
                 r.failed += 1
                 r.errors.append(f"{plan.bucket}/{plan.key} seg {seg.segment} idx {idx} -> "
                                 f"{seg.targets[idx].id}: {exc.message}")
+                return 1
+        return sum(await asyncio.gather(*(put(idx, body)
+                                          for idx, body in zip(seg.missing, rebuilt))))
 
 
 async def prepare_repair(c: Client, dry_run: bool = False, rate_mb_s: float = 0.0,

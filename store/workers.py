@@ -206,3 +206,23 @@ class Checkpoint:
             self.path.unlink(missing_ok=True)
 
 
+class InOrder:
+    """A step's objects, worked on at once, taken into the checkpoint in their order:
+    each is saved once it and every one before it are done (a failed one holds the
+    checkpoint before it, as one by one), so a run killed mid-step resumes at the first
+    object not done - as far along as the objects done in order allow."""
+
+    def __init__(self, checkpoint: Checkpoint, names: list[tuple[str, str]]) -> None:
+        self.checkpoint, self.names = checkpoint, names
+        self.outcome: dict[int, bool] = {}     # index -> failed
+        self.next = 0
+
+    def done(self, n: int, failed: bool) -> None:
+        self.outcome[n] = failed
+        while self.next in self.outcome:
+            if self.outcome[self.next]:
+                self.checkpoint.hold()
+            self.checkpoint.save(*self.names[self.next])
+            self.next += 1
+
+
