@@ -63,6 +63,7 @@ import asyncio
 import functools
 import re
 import time
+from collections import deque
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -431,6 +432,11 @@ async def replaced_notes(c: Client, cmap: ClusterMap, since_ns: int = 1) -> dict
     return out
 
 
+def _take(items: deque[T], n: int) -> list[T]:
+    """The first n of `items`, taken off it."""
+    return [items.popleft() for _ in range(min(n, len(items)))]
+
+
 class GcWorker:
     """Deletes one batch of garbage fragments (then of strays), then forgets one batch of
     orphan part records, then checks one batch of tombstones, per step()."""
@@ -440,9 +446,11 @@ class GcWorker:
                  dry_run: bool = False, strays: Sequence[tuple[str, str]] = (),
                  orphan_parts: Sequence[RecordedPart] = ()) -> None:
         self.c, self.cmap = c, cmap
-        self.garbage, self.tombstones = list(garbage), list(tombstones)
-        self.strays = list(strays)     # placed by `cmap`: deleted only while it is current
-        self.orphan_parts = list(orphan_parts)   # after the fragments: a run cut short finds them
+        # deques: a step takes a batch off the front (a list's slice copied the rest: a
+        # quadratic pass over millions of fragments)
+        self.garbage, self.tombstones = deque(garbage), deque(tombstones)
+        self.strays = deque(strays)    # placed by `cmap`: deleted only while it is current
+        self.orphan_parts = deque(orphan_parts)  # after the fragments: a run cut short finds them
         self.now_ns, self.grace_s, self.dry_run = now_ns, grace_s, dry_run
         self.total = self.remaining
         self.report = GcReport()
@@ -455,22 +463,20 @@ class GcWorker:
     async def step(self) -> bool:
         """Do the next batch; False when there is nothing left."""
         if self.garbage:
-            batch, self.garbage = self.garbage[:FRAGMENT_BATCH], self.garbage[FRAGMENT_BATCH:]
+            batch = _take(self.garbage, FRAGMENT_BATCH)
             await asyncio.gather(*(self._delete_fragment(n, f) for n, f in batch))
         elif self.strays:
             if not await self.map_unchanged():
                 self.keep_strays()
                 return True
-            batch, self.strays = self.strays[:FRAGMENT_BATCH], self.strays[FRAGMENT_BATCH:]
+            batch = _take(self.strays, FRAGMENT_BATCH)
             await asyncio.gather(*(self._delete_fragment(n, f) for n, f in batch))
         elif self.orphan_parts:
-            parts = self.orphan_parts[:TOMBSTONE_BATCH]
-            self.orphan_parts = self.orphan_parts[TOMBSTONE_BATCH:]
+            parts = _take(self.orphan_parts, TOMBSTONE_BATCH)
             await asyncio.gather(*(self._forget_part(p) for p in parts))
         elif self.tombstones:
-            batch = self.tombstones[:TOMBSTONE_BATCH]
-            self.tombstones = self.tombstones[TOMBSTONE_BATCH:]
-            await asyncio.gather(*(self._tombstone(b, k) for b, k in batch))
+            tombs = _take(self.tombstones, TOMBSTONE_BATCH)
+            await asyncio.gather(*(self._tombstone(b, k) for b, k in tombs))
         else:
             return False
         self.report.seconds = time.monotonic() - self.started
@@ -487,7 +493,7 @@ class GcWorker:
         self.report.errors.append(
             f"the cluster map changed while gc ran (a ring change): {len(self.strays)} stray "
             "fragments kept; run gc again once the rebalance has settled")
-        self.strays = []
+        self.strays.clear()
 
     async def run(self) -> GcReport:
         while await self.step():

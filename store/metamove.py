@@ -22,7 +22,7 @@ from store.errors import EcstoreError, NotFound
 from store.names import SYSTEM_BUCKETS
 from store.transport import quote_key
 from store.wire import pack, unpack
-from store.workers import WorkReport
+from store.workers import WorkReport, gather_or_cancel
 
 SCAN_PAGE = 1000
 NOTES_PER_POST = 10_000            # under node.metadb.MAX_CARRIED_NOTES
@@ -127,12 +127,12 @@ async def _move_bucket(c: Client, cmap: ClusterMap, node: Node, bucket: str, dry
 
             async def move(key: str, rec: dict[str, Any], owners: tuple[Node, ...]) -> None:
                 async with sem:
-                    if notes is None:       # unread: nothing of this page is dropped
-                        return
                     if await _put_all(c, owners, meta_path(bucket, key), rec, report) \
+                            and notes is not None \
                             and await _carry_notes(c, owners, bucket, key, notes.get(key), report):
                         await _drop(c, node, bucket, key, rec["version_id"], report)
-            await asyncio.gather(*(move(*m) for m in moving))
+                    # notes unread: copied, not dropped (a later run drops it)
+            await gather_or_cancel(*(move(*m) for m in moving))
         if not page["truncated"] or not page["records"]:
             return
 
@@ -154,8 +154,16 @@ async def _page_notes(c: Client, node: Node, bucket: str, after: str, last: str,
                                              "notes": 1})
             page = unpack(reply.body, 64 * 1024 * 1024)
             notes.update((k, v) for k, v in page.get("replaced", {}).items() if k <= last)
-            resume = page.get("last") or ""
-            if not page.get("truncated") or not resume or resume >= last:
+            if not page.get("truncated"):
+                return notes
+            # where the next page starts: "last"; a node of a version before notes=1
+            # answers records and their notes, cut at a record
+            records = page.get("records") or page.get("rows") or []
+            resume = page.get("last") or (_key_of(records[-1]) if records else "")
+            if not resume:      # truncated, and nowhere to go on from: not all read
+                raise EcstoreError(f"a truncated page of notes after {after!r} that says "
+                                   "nowhere to resume")
+            if resume >= last:
                 return notes
             after = resume
         raise EcstoreError(f"more than {MAX_NOTES_PAGES} pages of notes for one page of "
@@ -164,6 +172,11 @@ async def _page_notes(c: Client, node: Node, bucket: str, after: str, last: str,
         report.failed += 1
         report.errors.append(f"notes of {bucket} after {after!r} from {node.id}: {exc.message}")
         return None
+
+
+def _key_of(row: Any) -> str:
+    """A listing row's key (a record map, or a row list whose first field is the key)."""
+    return str(row["key"] if isinstance(row, dict) else row[0])
 
 
 async def _carry_notes(c: Client, owners: tuple[Node, ...], bucket: str, key: str,
@@ -268,9 +281,9 @@ async def repair_replicas(c: Client, dry_run: bool = False) -> ReplicaReport:
                       and (r["ts"], r["version_id"]) == order)
         gives.append(give(bucket, key, holder, lacking))
         if len(gives) >= 4 * MOVE_PARALLEL:     # coroutines made a batch at a time
-            await asyncio.gather(*gives)
+            await gather_or_cancel(*gives)
             gives = []
-    await asyncio.gather(*gives)
+    await gather_or_cancel(*gives)
     report.seconds = time.monotonic() - started
     return report
 

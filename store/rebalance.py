@@ -23,10 +23,27 @@ from store.client import Client, expected_fragment_nodes
 from store.errors import EcstoreError
 from store.multipart import part_extent_records
 from store.striping import fragment_id, record_extents
-from store.workers import Checkpoint, InOrder, RateLimiter, WorkReport, all_listings, live_records
+from store.workers import (
+    Checkpoint,
+    InOrder,
+    RateLimiter,
+    WorkReport,
+    all_listings,
+    gather_or_cancel,
+    live_records,
+)
 
 STEP_OBJECTS = 16       # objects a step takes
 MOVE_PARALLEL = 8       # fragment moves at once (each holds one fragment in memory)
+MOVE_BYTES = 128 * 1024 * 1024   # ... fewer when their fragments are large: about this much
+
+
+def move_parallel(records: list[dict[str, Any]]) -> int:
+    """Moves at once: MOVE_PARALLEL, fewer when the largest fragment of these records
+    (segment_size / k) would hold more than MOVE_BYTES in all."""
+    largest = max((int(r.get("segment_size") or 0) // max(1, int(r.get("k") or 1))
+                   for r in records), default=0)
+    return max(1, min(MOVE_PARALLEL, MOVE_BYTES // max(1, largest)))
 
 
 @dataclass(frozen=True)
@@ -113,7 +130,7 @@ class RebalanceWorker:
             return False
         batch = [self.todo.popleft() for _ in range(min(STEP_OBJECTS, len(self.todo)))]
         order = InOrder(self.checkpoint, [(b, k) for b, k, _ in batch])
-        sem = asyncio.Semaphore(MOVE_PARALLEL)
+        sem = asyncio.Semaphore(move_parallel([r for _, _, r in batch]))
 
         async def move(bucket: str, key: str, mv: Move) -> bool:
             async with sem:
@@ -151,9 +168,9 @@ class RebalanceWorker:
                     self.report.moved += 1
                 else:
                     todo.append(move(bucket, key, mv))
-            done = await asyncio.gather(*todo)
+            done = await gather_or_cancel(*todo)
             order.done(n, failed or not all(done))   # failed: a resumed pass comes back
-        await asyncio.gather(*(rebalance(n, *item) for n, item in enumerate(batch)))
+        await gather_or_cancel(*(rebalance(n, *item) for n, item in enumerate(batch)))
         return True
 
     async def _move(self, mv: Move) -> int:

@@ -23,10 +23,27 @@ from store.client import Client, expected_fragment_nodes, record_policy
 from store.errors import EcstoreError
 from store.multipart import part_extent_records
 from store.striping import fragment_id, record_extents
-from store.workers import Checkpoint, InOrder, RateLimiter, WorkReport, all_listings, live_records
+from store.workers import (
+    Checkpoint,
+    InOrder,
+    RateLimiter,
+    WorkReport,
+    all_listings,
+    gather_or_cancel,
+    live_records,
+)
 
 STEP_OBJECTS = 16       # objects a step takes
 REPAIR_PARALLEL = 8     # segments rebuilt at once (each holds k fragments and its rebuilt ones)
+REPAIR_BYTES = 256 * 1024 * 1024   # ... fewer when their segments are large: about this much
+
+
+def repair_parallel(records: list[dict[str, Any]]) -> int:
+    """Segments to rebuild at once: REPAIR_PARALLEL, fewer when the largest segment of
+    these records would hold more than REPAIR_BYTES in all (each rebuild holds about two
+    segments' worth: the k fragments read and the ones rebuilt) - 64 MiB segments: 2."""
+    largest = max((int(r.get("segment_size") or 0) for r in records), default=0)
+    return max(1, min(REPAIR_PARALLEL, REPAIR_BYTES // max(1, 2 * largest)))
 
 
 @dataclass(frozen=True)
@@ -142,7 +159,7 @@ class RepairWorker:
             if plan.unrecoverable:
                 r.unrecoverable.append(f"{plan.bucket}/{plan.key}")
         order = InOrder(self.checkpoint, [(p.bucket, p.key) for p in plans])
-        sem = asyncio.Semaphore(REPAIR_PARALLEL)
+        sem = asyncio.Semaphore(repair_parallel([p.record for p in plans if p.segments]))
 
         async def segment(plan: ObjectPlan, seg: SegmentRepair) -> int:
             async with sem:
@@ -151,9 +168,10 @@ class RepairWorker:
         async def repair(n: int, plan: ObjectPlan) -> None:
             failed = 0
             if not self.dry_run:
-                failed = sum(await asyncio.gather(*(segment(plan, seg) for seg in plan.segments)))
+                failed = sum(await gather_or_cancel(*(segment(plan, seg)
+                                                      for seg in plan.segments)))
             order.done(n, failed > 0)   # a failed one: a resumed run comes back to it
-        await asyncio.gather(*(repair(n, plan) for n, plan in enumerate(plans)))
+        await gather_or_cancel(*(repair(n, plan) for n, plan in enumerate(plans)))
         return True
 
     async def _repair_segment(self, plan: ObjectPlan, seg: SegmentRepair) -> int:
@@ -174,7 +192,7 @@ class RepairWorker:
                 r.errors.append(f"{plan.bucket}/{plan.key} seg {seg.segment} idx {i}: {exc.message}")
         while len(got) < k and waiting:
             wave, waiting = waiting[:k - len(got)], waiting[k - len(got):]
-            await asyncio.gather(*(fetch(i, node) for i, node in wave))
+            await gather_or_cancel(*(fetch(i, node) for i, node in wave))
         if len(got) < k:
             name = f"{plan.bucket}/{plan.key}"
             if name not in r.unrecoverable:
@@ -204,8 +222,8 @@ class RepairWorker:
                 r.errors.append(f"{plan.bucket}/{plan.key} seg {seg.segment} idx {idx} -> "
                                 f"{seg.targets[idx].id}: {exc.message}")
                 return 1
-        return sum(await asyncio.gather(*(put(idx, body)
-                                          for idx, body in zip(seg.missing, rebuilt))))
+        return sum(await gather_or_cancel(*(put(idx, body)
+                                            for idx, body in zip(seg.missing, rebuilt))))
 
 
 async def prepare_repair(c: Client, dry_run: bool = False, rate_mb_s: float = 0.0,

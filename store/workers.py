@@ -9,15 +9,16 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from placement.nodes import Node
 from store.client import Client
 from store.errors import Conflict, EcstoreError, NotFound, Unavailable, Unreachable
 from store.wire import unpack
 
+T = TypeVar("T")
 log = logging.getLogger("ecstore.workers")
 
 LISTING_PAGE = 10_000
@@ -204,6 +205,20 @@ class Checkpoint:
     def finish(self) -> None:
         if self.path is not None:
             self.path.unlink(missing_ok=True)
+
+
+async def gather_or_cancel(*aws: Awaitable[T]) -> list[T]:
+    """asyncio.gather, but the first exception cancels the others (and waits for them to
+    end) before it is raised: a step that fails leaves no copy or delete running behind
+    it after its command has reported the failure."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 class InOrder:

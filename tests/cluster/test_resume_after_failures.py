@@ -21,7 +21,7 @@ import pytest
 from cli.localcluster import LocalCluster
 from cli.ops import passes_until_still
 from store.client import Client
-from store.rebalance import RebalanceReport, prepare_rebalance
+from store.rebalance import RebalanceReport, plan_moves, prepare_rebalance
 from store.repair import prepare_repair
 from tests.cluster.conftest import running_cluster
 
@@ -55,13 +55,20 @@ def test_a_rebalance_killed_after_failed_moves_resumes_at_the_first_failure(
             lc = LocalCluster.load(cluster.dir)
             lc.kill_node(new_id)                # every move onto it fails
             w = await prepare_rebalance(c, False, 0.0, state)
-            first_failed = None
+            # the first object with a move onto the dead node (objects are taken many at
+            # a step): planned as the worker plans it
+            bound = [key for _, key, rec in w.todo
+                     if any(mv.target.id == new_id
+                            for mv in plan_moves(w.cmap, rec, w.listings, w.nodes)[0])]
+            assert bound, "no move onto the new node"
+            first_failed = KEYS.index(bound[0])
             while await w.step():
-                if w.report.failed and first_failed is None:
-                    first_failed = len(KEYS) - w.remaining - 1
-            assert first_failed is not None, "no move failed"
+                pass
+            assert w.report.failed > 0
             done = json.loads(state.read_text())["key"] if state.exists() else ""
             assert done < KEYS[first_failed], (done, first_failed)   # not past it
+            if first_failed > 0:     # and as far as the objects before it, all moved
+                assert done == KEYS[first_failed - 1], (done, first_failed)
             lc.start_node(new_id)               # killed here: no finish(); run again
             lc.wait_healthy([new_id])
             again = await prepare_rebalance(c, False, 0.0, state)
@@ -90,11 +97,14 @@ def test_a_repair_killed_after_failed_rebuilds_resumes_at_the_first_failure(
             cluster.wait_healthy([victim])
             w = await prepare_repair(c, False, 0.0, state)
             cluster.kill_node(victim)           # the rebuilds onto it fail
-            first_failed = None
             while await w.step():
-                if w.report.failed and first_failed is None:
-                    first_failed = w.report.objects_checked - 1
-            assert first_failed is not None, "no rebuild failed"
+                pass
+            failed_keys = sorted({e.split()[0].split("/", 1)[1] for e in w.report.errors
+                                  if e.startswith("resume/r-")})
+            assert failed_keys, ("no rebuild failed", w.report.errors)
+            first_failed = [f"r-{k}" for k in KEYS].index(failed_keys[0])
+            done = json.loads(state.read_text())["key"] if state.exists() else ""
+            assert done < failed_keys[0], (done, failed_keys[0])      # not past it
             cluster.start_node(victim)          # killed here: no finish(); run again
             cluster.wait_healthy([victim])
             again = await prepare_repair(c, False, 0.0, state)
