@@ -191,6 +191,18 @@ class SegmentBuffer:
         p = self.payload
         return memoryview(self.heads[i]), memoryview(self.buf)[i * p:(i + 1) * p]
 
+    def place(self, i: int, frag: bytes | bytearray) -> bool:
+        """Put a whole fragment held in memory into data slot i, as a read into it would
+        (benchmarks and tests); False if the slot does not take it."""
+        views = self.sink(i)(200, len(frag))
+        if views is None:
+            return False
+        pos = 0
+        for v in views:
+            v[:] = memoryview(frag)[pos:pos + len(v)]
+            pos += len(v)
+        return True
+
     def fragment(self, i: int) -> bytes:
         head, body = self.pieces(i)
         with head, body:

@@ -127,22 +127,12 @@ def test_a_segment_buffer_with_a_wrong_header_is_not_a_segment() -> None:
     for order in ([0, 1, 2, 4], [0, 1, 2, 2]):  # a parity fragment, a duplicate in slot 3
         buf = SegmentBuffer(4)
         for slot, i in enumerate(order):
-            views = buf.sink(slot)(200, len(frags[i]))
-            assert views is not None
-            pos = 0
-            for v in views:
-                v[:] = frags[i][pos:pos + len(v)]
-                pos += len(v)
+            assert buf.place(slot, frags[i])
         assert buf.segment() is None
 
 
 def _place(buf: codec.SegmentBuffer, slot: int, frag: bytes) -> None:
-    views = buf.sink(slot)(200, len(frag))
-    assert views is not None
-    pos = 0
-    for v in views:
-        v[:] = frag[pos:pos + len(v)]
-        pos += len(v)
+    assert buf.place(slot, frag)
 
 
 @pytest.mark.parametrize("size", [4 * 1024 * 1024, 1024 * 1024 + 13, 100])

@@ -90,12 +90,7 @@ def test_a_matrix_pyeclib_does_not_use_is_refused() -> None:
 
 
 def _place(buf: codec.SegmentBuffer, slot: int, frag: bytes) -> None:
-    views = buf.sink(slot)(200, len(frag))
-    assert views is not None
-    pos = 0
-    for v in views:
-        v[:] = frag[pos:pos + len(v)]
-        pos += len(v)
+    assert buf.place(slot, frag)
 
 
 @pytest.mark.parametrize("direct", ["1", "0"])
