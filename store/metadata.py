@@ -183,6 +183,21 @@ class MetaQuorum:
         tasks = [asyncio.ensure_future(one(n)) for n in nodes]
         return await self._quorum(tasks, needed, "write", path, nodes)
 
+    async def put_to(self, node: Node, bucket: str, key: str, path: str,
+                     record: dict[str, Any]) -> dict[str, Any]:
+        """One object record to one control node - in a batch with the others on their way
+        to it, if any - and its answer ({"applied": ..., ...}; {} if it gave none).
+        For the admin commands' copies (a metadata move, a replica repair)."""
+        body = pack(record)
+
+        async def alone() -> dict[str, Any]:
+            reply = await self.t.request("PUT", node.address, path, body=body,
+                                         timeout_s=META_TIMEOUT_S)
+            answer = unpack(reply.body)
+            return answer if isinstance(answer, dict) else {}
+        answer = await self._batched("put", node, [bucket, key, body], alone)
+        return answer if isinstance(answer, dict) else {}
+
     async def _batched(self, kind: str, node: Node, item: list[Any],
                        alone: Callable[[], Awaitable[Any]]) -> Any:
         """`alone()` at once if nothing of this kind is on its way to the node, else
@@ -263,7 +278,9 @@ class MetaQuorum:
                 continue
             if kind == "get" and status == 200 and isinstance(answer, bytes):
                 q.fut.set_result(unpack(answer))
-            elif status < 400 and kind == "put" or status == 404 and kind == "get":
+            elif status < 400 and kind == "put":    # the node's answer: {applied, ...}
+                q.fut.set_result(answer if isinstance(answer, dict) else None)
+            elif status == 404 and kind == "get":
                 q.fut.set_result(None)
             else:
                 q.fut.set_exception(error_from_response(

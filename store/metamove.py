@@ -81,21 +81,27 @@ async def _bucket_records(c: Client, node: Node, report: MetaMoveReport | Replic
 
 
 async def _put_all(c: Client, nodes: tuple[Node, ...], path: str, record: dict[str, Any],
-                   report: MetaMoveReport) -> bool:
-    """The record to every node at once; True if each took it (or held it already)."""
+                   report: MetaMoveReport, object_name: tuple[str, str] | None = None) -> bool:
+    """The record to every node at once; True if each took it (or held it already). An
+    object's record (`object_name`: bucket, key) travels in a batch with the others on
+    their way to the same node (store.metadata.MetaQuorum.put_to)."""
     body = pack(record)
 
     async def one(n: Node) -> bool:
         try:
-            reply = await c.t.request("PUT", n.address, path, body=body, timeout_s=10)
-            if unpack(reply.body).get("applied"):
+            if object_name is not None:
+                answer = await c.meta.put_to(n, *object_name, path, record)
+            else:
+                answer = unpack((await c.t.request("PUT", n.address, path, body=body,
+                                                   timeout_s=10)).body)
+            if answer.get("applied"):
                 report.copied += 1
             return True
         except EcstoreError as exc:
             report.failed += 1
             report.errors.append(f"{path} -> {n.id}: {exc.message}")
             return False
-    return all(await asyncio.gather(*(one(n) for n in nodes)))
+    return all(await gather_or_cancel(*(one(n) for n in nodes)))
 
 
 async def _move_bucket(c: Client, cmap: ClusterMap, node: Node, bucket: str, dry_run: bool,
@@ -127,7 +133,8 @@ async def _move_bucket(c: Client, cmap: ClusterMap, node: Node, bucket: str, dry
 
             async def move(key: str, rec: dict[str, Any], owners: tuple[Node, ...]) -> None:
                 async with sem:
-                    if await _put_all(c, owners, meta_path(bucket, key), rec, report) \
+                    if await _put_all(c, owners, meta_path(bucket, key), rec, report,
+                                      (bucket, key)) \
                             and notes is not None \
                             and await _carry_notes(c, owners, bucket, key, notes.get(key), report):
                         await _drop(c, node, bucket, key, rec["version_id"], report)
@@ -257,7 +264,8 @@ async def repair_replicas(c: Client, dry_run: bool = False) -> ReplicaReport:
                 report.errors.append(f"{bucket}/{key} from {holder.id}: {exc.message}")
                 return
             copy = MetaMoveReport()
-            await _put_all(c, tuple(lacking), meta_path(bucket, key), unpack(reply.body), copy)
+            await _put_all(c, tuple(lacking), meta_path(bucket, key), unpack(reply.body), copy,
+                           (bucket, key))
             report.copied += copy.copied
             report.failed += copy.failed
             report.errors += copy.errors
