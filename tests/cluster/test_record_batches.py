@@ -71,6 +71,29 @@ def test_each_item_of_a_batch_is_decided_as_its_own_put(cluster: LocalCluster) -
              what="the batch's log line")
 
 
+def test_put_to_gives_each_record_the_nodes_answer_in_a_batch_or_alone(
+        cluster: LocalCluster) -> None:
+    """MetaQuorum.put_to (the metadata move's and replica repair's copies): many at once
+    to one node go in batches, and each caller gets that node's answer - applied or not
+    - whether its record went alone or in a batch (the copied count relies on it)."""
+    async def go() -> tuple[list[dict], list[dict], int]:
+        async with Client.connect(cluster.path) as c:
+            node = (await c.cluster_map()).control.nodes[0]
+            before = c.meta.batch_stats["put"]
+
+            async def put(i: int, ts: int) -> dict:
+                return await c.meta.put_to(node, "putto", f"k{i:02d}", f"/v1/objects/putto/k{i:02d}",
+                                           record(ts))
+            first = await asyncio.gather(*(put(i, 1000) for i in range(20)))
+            again = await asyncio.gather(*(put(i, 900) for i in range(20)))   # older: kept
+            return list(first), list(again), c.meta.batch_stats["put"] - before
+    first, again, batches = asyncio.run(go())
+    assert batches >= 1                                  # some went in a batch
+    assert [a.get("applied") for a in first] == [True] * 20, first
+    assert [a.get("applied") for a in again] == [False] * 20, again
+    assert all(a.get("ts") == 1000 for a in again)
+
+
 def test_a_batch_read_answers_each_item(cluster: LocalCluster) -> None:
     c3 = cluster.nodes["c3"].url
 
