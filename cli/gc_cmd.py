@@ -71,6 +71,7 @@ def _table(rep: dict[str, Any]) -> None:
         ("tombstones purged", rep["tombstones_purged"]),
         ("tombstones repaired first", rep["tombstones_repaired"]),
         ("tombstones younger than grace", rep["tombstones_young"]),
+        ("tombstones kept: held by a non-owner", rep["tombstones_held_elsewhere"]),
         ("part records no upload names", rep["orphan_parts"]),
         ("  their fragments (in garbage)", rep["orphan_part_fragments"]),
         ("  part records forgotten", rep["orphan_parts_forgotten"]),

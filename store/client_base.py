@@ -361,10 +361,10 @@ class _CountedQuorum(MetaQuorum):
             raise
 
     async def read(self, nodes: tuple[Node, ...], path: str, needed: int,
-                   repair: bool = True, object_name: tuple[str, str] | None = None
-                   ) -> dict[str, Any] | None:
+                   repair: bool = True, object_name: tuple[str, str] | None = None,
+                   owners: int | None = None) -> dict[str, Any] | None:
         try:
-            return await super().read(nodes, path, needed, repair, object_name)
+            return await super().read(nodes, path, needed, repair, object_name, owners)
         except Unavailable:
             self.stats["metadata_quorum_failures"] += 1
             raise

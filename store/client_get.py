@@ -69,7 +69,8 @@ class GetPath(ClientBase):
         # its owners, and where it was while a control ring change is being moved
         nodes, needed = cmap.metadata_read_plan(f"{bucket}/{key}")
         return await self.meta.read(nodes, meta_path(bucket, key), needed, read_repair,
-                                    object_name=(bucket, key))
+                                    object_name=(bucket, key),
+                                    owners=len(cmap.control_nodes_for(f"{bucket}/{key}")))
 
     @operation
     async def get(self, bucket: str, key: str, start: int | None = None,

@@ -302,6 +302,7 @@ class GcReport(WorkReport):
     tombstones_purged: int = 0
     tombstones_repaired: int = 0
     tombstones_young: int = 0
+    tombstones_held_elsewhere: int = 0   # a non-owner control node holds a record of the key
     orphan_parts: int = 0                # part records no upload names, older than the grace
     orphan_parts_young: int = 0          # ... younger: kept
     orphan_parts_forgotten: int = 0      # ... tombstoned (after their fragments)
@@ -432,6 +433,19 @@ async def replaced_notes(c: Client, cmap: ClusterMap, since_ns: int = 1) -> dict
     return out
 
 
+def held_elsewhere(cmap: ClusterMap, scan: Mapping[str, Mapping[tuple[str, str], Any]],
+                   keys: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Which of `keys` a control node that does not own it holds a record of (pure): a
+    tombstone purged from the owners would leave that record to be listed, read or moved
+    back as the newest - a deleted object back, with its old bytes."""
+    out = set()
+    for bucket, key in keys:
+        owners = {n.id for n in cmap.control_nodes_for(f"{bucket}/{key}")}
+        if any((bucket, key) in rows for nid, rows in scan.items() if nid not in owners):
+            out.add((bucket, key))
+    return out
+
+
 def _take(items: deque[T], n: int) -> list[T]:
     """The first n of `items`, taken off it."""
     return [items.popleft() for _ in range(min(n, len(items)))]
@@ -449,6 +463,7 @@ class GcWorker:
         # deques: a step takes a batch off the front (a list's slice copied the rest: a
         # quadratic pass over millions of fragments)
         self.garbage, self.tombstones = deque(garbage), deque(tombstones)
+        self.held_elsewhere: set[tuple[str, str]] = set()   # tombstones not to purge
         self.strays = deque(strays)    # placed by `cmap`: deleted only while it is current
         self.orphan_parts = deque(orphan_parts)  # after the fragments: a run cut short finds them
         self.now_ns, self.grace_s, self.dry_run = now_ns, grace_s, dry_run
@@ -528,6 +543,9 @@ class GcWorker:
             self.report.errors.append(f"forget part record {part.key}: {exc.message}")
 
     async def _tombstone(self, bucket: str, key: str) -> None:
+        if (bucket, key) in self.held_elsewhere:
+            self.report.tombstones_held_elsewhere += 1
+            return
         nodes = self.cmap.control_nodes_for(f"{bucket}/{key}")
         path = f"/v1/objects/{bucket}/{quote_key(key)}"
         answers: dict[str, dict[str, Any] | None] = {}
@@ -617,6 +635,14 @@ async def prepare_gc(c: Client, grace_s: float = DEFAULT_GRACE_S,
     strays = plan_stray_gc(homes, listings, now_ns, grace_s)
     tombstones = sorted({bk for rows in scan.values() for bk, r in rows.items() if r.get("deleted")})
     worker = GcWorker(c, cmap, garbage, tombstones, now_ns, grace_s, dry_run, strays, orphans)
+    worker.held_elsewhere = held_elsewhere(cmap, scan, tombstones)
+    if worker.held_elsewhere:
+        worker.report.errors.append(
+            f"{len(worker.held_elsewhere)} tombstones kept: a control node that does not own "
+            "the key holds a record of it (a control ring change whose metadata move has not "
+            "run since, or a write made with an old map) - purged, that record would bring "
+            "the object back; run `ecstore rebalance` (its metadata move drops such records), "
+            "then gc again")
     worker.report.puts_running = len(running)
     if not dry_run:
         for name in expired:     # its put ended long ago: the record goes, as a tombstone

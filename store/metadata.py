@@ -302,8 +302,8 @@ class MetaQuorum:
                 q.fut.set_result(result)
 
     async def read(self, nodes: tuple[Node, ...], path: str, needed: int,
-                   repair: bool = True, object_name: tuple[str, str] | None = None
-                   ) -> dict[str, Any] | None:
+                   repair: bool = True, object_name: tuple[str, str] | None = None,
+                   owners: int | None = None) -> dict[str, Any] | None:
         """Ask every node, take the newest of the first `needed` answers.
 
         The answers that arrive later are still compared, in the background, and every
@@ -334,7 +334,12 @@ class MetaQuorum:
             best = newest(list(answers.values()))
         self.saw(best)
         if repair and best is not None:
-            self._spawn(self._repair(nodes, tasks, answers, path))
+            # only the record's owners are repaired: while a control ring change is being
+            # moved, `nodes` also has the ones it leaves (its first `owners` are those that
+            # hold it now) - a record read back onto a node the move dropped it from
+            # outlived the move there, and brought a deleted object back after gc purged
+            # its tombstone from the owners
+            self._spawn(self._repair(nodes[:owners], tasks, answers, path))
         return best
 
     async def _repair(self, nodes: tuple[Node, ...], tasks: Sequence[asyncio.Future[None]],
