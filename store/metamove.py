@@ -50,6 +50,7 @@ def control_nodes_all(cmap: ClusterMap) -> dict[str, Node]:
 
 
 async def move_metadata(c: Client, dry_run: bool = False) -> MetaMoveReport:
+    started = time.monotonic()
     cmap = await c.cluster_map(refresh=True)
     report = MetaMoveReport()
     for node in control_nodes_all(cmap).values():
@@ -63,6 +64,7 @@ async def move_metadata(c: Client, dry_run: bool = False) -> MetaMoveReport:
             await _move_bucket(c, cmap, node, name, dry_run, report)
         for name in sorted(SYSTEM_BUCKETS):  # uploads, parts, keys: no bucket record
             await _move_bucket(c, cmap, node, name, dry_run, report)
+    report.seconds = time.monotonic() - started
     return report
 
 

@@ -185,9 +185,11 @@ async def prepare_rebalance(c: Client, dry_run: bool = False, rate_mb_s: float =
                             state_path: Path | None = None) -> RebalanceWorker:
     """Gather the records, then listings of every storage node, current and previous."""
     cmap = await c.cluster_map(refresh=True)
-    records = [r async for r in live_records(c, inline_bytes=False)]  # first: what commits later is placed anew
+    # first: what commits later is placed anew; a dry run writes nothing (no read repair:
+    # it copied records onto a new control node)
+    records = [r async for r in live_records(c, read_repair=not dry_run, inline_bytes=False)]
     # and the parts of uploads in progress: acknowledged, complete names them later
-    records = sorted(records + await part_extent_records(c),
+    records = sorted(records + await part_extent_records(c, read_repair=not dry_run),
                      key=lambda r: (r[0], r[1]))     # the checkpoint's order
     nodes: dict[str, Node] = {}
     for ring in (*cmap.previous_storage_rings, *cmap.storage_rings):

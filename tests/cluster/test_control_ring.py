@@ -206,6 +206,8 @@ def test_reads_while_a_move_is_unsettled_put_no_record_back_on_a_node_it_left(
     from store.metamove import move_metadata
     added = json.loads(cli(cluster, "cluster", "add-node", "--data", str(cluster.dir),
                            "--role", "control", "--json").stdout)["id"]
+    cli(cluster, "rebalance", "--dry-run")      # writes nothing: the new node still empty
+    assert not any(added in holders(cluster, k) for k in objects)   # (its reads repaired)
 
     async def move_then_read() -> int:
         async with Client.connect(cluster.path) as c:
