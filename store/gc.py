@@ -635,8 +635,17 @@ async def prepare_gc(c: Client, grace_s: float = DEFAULT_GRACE_S,
     strays = plan_stray_gc(homes, listings, now_ns, grace_s)
     tombstones = sorted({bk for rows in scan.values() for bk, r in rows.items() if r.get("deleted")})
     worker = GcWorker(c, cmap, garbage, tombstones, now_ns, grace_s, dry_run, strays, orphans)
-    worker.held_elsewhere = held_elsewhere(cmap, scan, tombstones)
-    if worker.held_elsewhere:
+    if cmap.previous_control is not None and tombstones:
+        # a control ring change not settled: nodes that held a key before it may still
+        # hold its older records (and are not all scanned): no tombstone is purged
+        worker.held_elsewhere = set(tombstones)
+        worker.report.errors.append(
+            f"{len(tombstones)} tombstones kept: a control ring change is not settled yet "
+            "(its metadata move has not finished) - the nodes that held a key before it may "
+            "still hold older records of it; run `ecstore rebalance`, then gc again")
+    else:
+        worker.held_elsewhere = held_elsewhere(cmap, scan, tombstones)
+    if worker.held_elsewhere and cmap.previous_control is None:
         worker.report.errors.append(
             f"{len(worker.held_elsewhere)} tombstones kept: a control node that does not own "
             "the key holds a record of it (a control ring change whose metadata move has not "
