@@ -80,7 +80,7 @@ from store.names import PARTS_BUCKET, PUTS_BUCKET, SYSTEM_BUCKETS, UPLOADS_BUCKE
 from store.striping import fragment_id, record_extents
 from store.transport import quote_key
 from store.wire import pack, unpack
-from store.workers import WorkReport, all_listings, live_records
+from store.workers import WorkReport, all_listings, live_records, take
 
 DEFAULT_GRACE_S = 3600.0
 FRAGMENT_BATCH = 64
@@ -446,11 +446,6 @@ def held_elsewhere(cmap: ClusterMap, scan: Mapping[str, Mapping[tuple[str, str],
     return out
 
 
-def _take(items: deque[T], n: int) -> list[T]:
-    """The first n of `items`, taken off it."""
-    return [items.popleft() for _ in range(min(n, len(items)))]
-
-
 class GcWorker:
     """Deletes one batch of garbage fragments (then of strays), then forgets one batch of
     orphan part records, then checks one batch of tombstones, per step()."""
@@ -478,19 +473,19 @@ class GcWorker:
     async def step(self) -> bool:
         """Do the next batch; False when there is nothing left."""
         if self.garbage:
-            batch = _take(self.garbage, FRAGMENT_BATCH)
+            batch = take(self.garbage, FRAGMENT_BATCH)
             await asyncio.gather(*(self._delete_fragment(n, f) for n, f in batch))
         elif self.strays:
             if not await self.map_unchanged():
                 self.keep_strays()
                 return True
-            batch = _take(self.strays, FRAGMENT_BATCH)
+            batch = take(self.strays, FRAGMENT_BATCH)
             await asyncio.gather(*(self._delete_fragment(n, f) for n, f in batch))
         elif self.orphan_parts:
-            parts = _take(self.orphan_parts, TOMBSTONE_BATCH)
+            parts = take(self.orphan_parts, TOMBSTONE_BATCH)
             await asyncio.gather(*(self._forget_part(p) for p in parts))
         elif self.tombstones:
-            tombs = _take(self.tombstones, TOMBSTONE_BATCH)
+            tombs = take(self.tombstones, TOMBSTONE_BATCH)
             await asyncio.gather(*(self._tombstone(b, k) for b, k in tombs))
         else:
             return False

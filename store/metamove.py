@@ -26,7 +26,7 @@ from store.workers import WorkReport, gather_or_cancel
 
 SCAN_PAGE = 1000
 NOTES_PER_POST = 10_000            # under node.metadb.MAX_CARRIED_NOTES
-MOVE_PARALLEL = 16                 # keys of a page moved at once
+KEYS_PARALLEL = 16                 # keys of a page moved at once
 NOTES_PAGE = SCAN_PAGE             # keys with notes per notes-only listing page
 MAX_NOTES_PAGES = 1000             # notes-only pages read for one page of records
 
@@ -131,7 +131,7 @@ async def _move_bucket(c: Client, cmap: ClusterMap, node: Node, bucket: str, dry
             # the notes of this page's keys, read after their records (a version written
             # since is another one: its drop is refused, the next run moves it)
             notes = await _page_notes(c, node, bucket, start, moving[-1][0], report)
-            sem = asyncio.Semaphore(MOVE_PARALLEL)
+            sem = asyncio.Semaphore(KEYS_PARALLEL)
 
             async def move(key: str, rec: dict[str, Any], owners: tuple[Node, ...]) -> None:
                 async with sem:
@@ -254,7 +254,7 @@ async def repair_replicas(c: Client, dry_run: bool = False) -> ReplicaReport:
         await _copy_bucket_records(c, cmap, report)
     scan = await control_scan(c, cmap, "the replica check")
     keys = sorted({bk for rows in scan.values() for bk in rows})
-    sem = asyncio.Semaphore(MOVE_PARALLEL)
+    sem = asyncio.Semaphore(KEYS_PARALLEL)
 
     async def give(bucket: str, key: str, holder: Node, lacking: list[Node]) -> None:
         async with sem:
@@ -290,7 +290,7 @@ async def repair_replicas(c: Client, dry_run: bool = False) -> ReplicaReport:
                       if (r := scan[n.id].get((bucket, key))) is not None
                       and (r["ts"], r["version_id"]) == order)
         gives.append(give(bucket, key, holder, lacking))
-        if len(gives) >= 4 * MOVE_PARALLEL:     # coroutines made a batch at a time
+        if len(gives) >= 4 * KEYS_PARALLEL:     # coroutines made a batch at a time
             await gather_or_cancel(*gives)
             gives = []
     await gather_or_cancel(*gives)

@@ -29,8 +29,10 @@ from store.workers import (
     RateLimiter,
     WorkReport,
     all_listings,
+    bounded_parallel,
     gather_or_cancel,
     live_records,
+    take,
 )
 
 STEP_OBJECTS = 16       # objects a step takes
@@ -43,7 +45,7 @@ def move_parallel(records: list[dict[str, Any]]) -> int:
     (segment_size / k) would hold more than MOVE_BYTES in all."""
     largest = max((int(r.get("segment_size") or 0) // max(1, int(r.get("k") or 1))
                    for r in records), default=0)
-    return max(1, min(MOVE_PARALLEL, MOVE_BYTES // max(1, largest)))
+    return bounded_parallel(MOVE_PARALLEL, MOVE_BYTES, largest)
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,7 @@ class RebalanceWorker:
         objects in order, as if they were moved one by one."""
         if not self.todo:
             return False
-        batch = [self.todo.popleft() for _ in range(min(STEP_OBJECTS, len(self.todo)))]
+        batch = take(self.todo, STEP_OBJECTS)
         order = InOrder(self.checkpoint, [(b, k) for b, k, _ in batch])
         sem = asyncio.Semaphore(move_parallel([r for _, _, r in batch]))
 

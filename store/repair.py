@@ -29,8 +29,10 @@ from store.workers import (
     RateLimiter,
     WorkReport,
     all_listings,
+    bounded_parallel,
     gather_or_cancel,
     live_records,
+    take,
 )
 
 STEP_OBJECTS = 16       # objects a step takes
@@ -43,7 +45,7 @@ def repair_parallel(records: list[dict[str, Any]]) -> int:
     these records would hold more than REPAIR_BYTES in all (each rebuild holds about two
     segments' worth: the k fragments read and the ones rebuilt) - 64 MiB segments: 2."""
     largest = max((int(r.get("segment_size") or 0) for r in records), default=0)
-    return max(1, min(REPAIR_PARALLEL, REPAIR_BYTES // max(1, 2 * largest)))
+    return bounded_parallel(REPAIR_PARALLEL, REPAIR_BYTES, 2 * largest)
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,7 @@ class RepairWorker:
         checkpoint take each object in order, as if they were repaired one by one."""
         if not self.todo:
             return False
-        batch = [self.todo.popleft() for _ in range(min(STEP_OBJECTS, len(self.todo)))]
+        batch = take(self.todo, STEP_OBJECTS)
         plans = [plan_object(self.cmap, bucket, key, record, self.listings)
                  for bucket, key, record in batch]
         r = self.report

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -205,6 +206,17 @@ class Checkpoint:
     def finish(self) -> None:
         if self.path is not None:
             self.path.unlink(missing_ok=True)
+
+
+def take(items: deque[T], n: int) -> list[T]:
+    """The first n of `items`, taken off it (a list's pop(0) or slice copies the rest:
+    quadratic over a pass of millions)."""
+    return [items.popleft() for _ in range(min(n, len(items)))]
+
+
+def bounded_parallel(cap: int, budget_bytes: int, each_bytes: int) -> int:
+    """How many at once: `cap`, fewer when `each_bytes` apiece would pass budget_bytes."""
+    return max(1, min(cap, budget_bytes // max(1, each_bytes)))
 
 
 async def gather_or_cancel(*aws: Awaitable[T]) -> list[T]:
