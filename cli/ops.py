@@ -378,8 +378,9 @@ async def _rebalance_rest(c: Client, a: argparse.Namespace, state: Path, w: Any,
             nxt.finish()
             return nxt.report
         settled = await passes_until_still(c, again, reports, retry_failed=False)
-        # nothing to settle is settled: no ring change waits for a rebalance
-        settled = settled or not (await c.cluster_map(refresh=True)).previous_storage_rings
+    # nothing to settle is settled: no ring change waits for a rebalance (a dry run says
+    # whether one waits now: it settles nothing)
+    settled = settled or not (await c.cluster_map(refresh=True)).previous_storage_rings
     for more in reports[1:]:
         for field in ("moved", "bytes_moved", "skipped", "failed"):
             rep[field] += getattr(more, field)

@@ -20,6 +20,7 @@ from typing import Any
 from placement.cluster_map import ClusterMap
 from placement.nodes import Node
 from store.client import Client, expected_fragment_nodes
+from store.codec import HEADER_BYTES
 from store.errors import EcstoreError
 from store.multipart import part_extent_records
 from store.striping import fragment_id, record_extents
@@ -53,6 +54,15 @@ class Move:
     fid: str
     source: Node
     target: Node
+    size: int = 0       # the fragment's bytes as the record implies them (header included)
+
+
+def fragment_bytes(record: Mapping[str, Any], extent_size: int, segment: int) -> int:
+    """A fragment's size on disk as its record implies it (pure): pyeclib's header and the
+    segment's bytes split k ways, rounded up (what a dry run counts as bytes to move)."""
+    seg_size = int(record.get("segment_size") or 0) or extent_size
+    seg_len = max(0, min(seg_size, extent_size - segment * seg_size))
+    return HEADER_BYTES + -(-seg_len // max(1, int(record["k"])))
 
 
 def plan_moves(cmap: ClusterMap, record: dict[str, Any], listings: Mapping[str, set[str]],
@@ -72,7 +82,8 @@ def plan_moves(cmap: ClusterMap, record: dict[str, Any], listings: Mapping[str, 
                 continue
             holders = sorted(nid for nid, fids in listings.items() if fid in fids)
             if holders:
-                moves.append(Move(fid, nodes[holders[0]], targets[i]))
+                moves.append(Move(fid, nodes[holders[0]], targets[i],
+                                  fragment_bytes(record, ext.size, seg)))
             else:
                 lost += 1
     return moves, lost
@@ -168,6 +179,7 @@ class RebalanceWorker:
                             f"places there not moved (counted in failed)")
                 elif self.dry_run:
                     self.report.moved += 1
+                    self.report.bytes_moved += mv.size    # would move, as the record implies
                 else:
                     todo.append(move(bucket, key, mv))
             done = await gather_or_cancel(*todo)

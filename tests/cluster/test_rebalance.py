@@ -237,9 +237,17 @@ def test_a_second_ring_change_waits_for_the_rebalance_of_the_first(
     assert b"Traceback" not in second.stderr
     assert ring_show(cluster)["epoch"] == epoch + 1
 
+    # a dry run says what the rebalance then does: as many moves, as many bytes (the
+    # fragments' sizes as their records imply them), and that the ring is not settled
+    dry = json.loads(cli(cluster, "rebalance", "--dry-run", "--json").stdout)
+    assert ring_show(cluster)["rebalance_pending"] == ["storage"]
     report = json.loads(cli(cluster, "rebalance", "--json").stdout)
     assert report["failed"] == 0 and report["moved"] > 0 and report["settled"] is True
+    assert (dry["moved"], dry["bytes_moved"], dry["settled"]) == \
+        (report["moved"], report["bytes_moved"], False)
     assert ring_show(cluster)["rebalance_pending"] == []
+    dry = json.loads(cli(cluster, "rebalance", "--dry-run", "--json").stdout)
+    assert (dry["moved"], dry["bytes_moved"], dry["settled"]) == (0, 0, True)
     cli(cluster, "ring", "reweight", "s3", "2")           # allowed now
     cli(cluster, "ring", "reweight", "s2", "1", "--force")  # and a forced second one
     report = json.loads(cli(cluster, "rebalance", "--json").stdout)
