@@ -476,7 +476,8 @@ def _add_node(a: argparse.Namespace) -> int:
     err.print(f"started {spec.id} at {spec.url}; run `ecstore rebalance` to move data onto it")
     if a.json:
         print(json.dumps({"id": spec.id, "url": spec.url, "role": a.role,
-                          "zone": a.zone or spec.id, "tier": a.tier, "weight": a.weight},
+                          "zone": a.zone or spec.id, "tier": a.tier if a.role == "storage" else "",
+                          "weight": a.weight},
                          indent=2))
     return 0
 

@@ -286,8 +286,10 @@ class Client(GetPath, PutPath):
         nodes = list(cmap.control.nodes) + list(cmap.all_storage_nodes())
 
         async def one(node: Node, role: str) -> dict[str, Any]:
+            # tiers are the storage rings': a control node's (hot for the first ones, control
+            # for those `ring add` made) means nothing - "" as for the gateway and `ring show`
             base = {"id": node.id, "role": role, "url": node.address, "zone": node.zone,
-                    "tier": node.tier}
+                    "tier": node.tier if role == "storage" else ""}
             started = time.monotonic()
             try:
                 reply = await self.t.request("GET", node.address, "/v1/status",

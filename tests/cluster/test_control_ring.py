@@ -153,8 +153,13 @@ def test_add_a_control_node_moves_metadata(cluster: LocalCluster, objects: dict[
     before = {k: owners(cluster, k, "noted") for k in noted}
     added = json.loads(cli(cluster, "cluster", "add-node", "--data", str(cluster.dir),
                            "--role", "control", "--json").stdout)
-    assert (added["id"], added["role"]) == ("c4", "control")
+    assert (added["id"], added["role"], added["tier"]) == ("c4", "control", "")
     assert added["url"] == LocalCluster.load(cluster.dir).nodes["c4"].url
+    # tiers are the storage rings': no control node shows one (the first ones said hot,
+    # an added one control)
+    rows = json.loads(cli(cluster, "status", "--json").stdout)["nodes"]
+    assert {(n["role"], n["tier"]) for n in rows} == {("control", ""), ("storage", "hot")}
+    assert "c4" in {n["id"] for n in rows if n["role"] == "control"}
     check_all(cluster, objects)  # before the move: readers also ask the previous owners
     table = cli(cluster, "rebalance").stdout.decode()
     # what moved, though the reads before it (rebalance's own) put records on c4 already
