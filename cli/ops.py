@@ -115,6 +115,12 @@ async def change_ring(c: Client, op: str, a: argparse.Namespace) -> ClusterMap:
                        None)
             if old is None:
                 raise NotFound(f"no node {a.id} in the map")
+            if op == "remove" and len(old.nodes) == 1 \
+                    and not any(p.tier == old.tier for p in cmap.policies):
+                # the last node of a tier no policy uses (added with a mistyped --tier):
+                # the ring goes with it - it said "cannot remove the last node of a ring",
+                # and the node stayed in the map for good
+                return await _publish(c, cmap, cmap.without_storage_ring(old.tier), a)
             ring = _change(old, op, a)
         control = ring.tier == "control"
         if old is not None and (ring.to_dict() == old.to_dict() or _asks_nothing(old, op, a)):
@@ -141,7 +147,26 @@ async def change_ring(c: Client, op: str, a: argparse.Namespace) -> ClusterMap:
             # be in [1, 1], got 2"
             said = (f"the control ring would keep too few nodes for the metadata write and "
                     f"read quorums ({said}); add a control node first")
+        elif "needs k+m=" in said and op == "remove":
+            # it gave no next step: on a cluster of exactly k+m storage nodes (the default
+            # 6 for 4+2) the runbook's first step for a dead node ended here
+            said += (f": add a storage node to that tier first (`ecstore cluster add-node`, "
+                     f"or `ecstore ring add`), then remove {a.id} - with --force if it is "
+                     "down for good; `ecstore repair` then rebuilds what only it held")
         raise BadRequest(f"refused: {said}") from None
+    return await _publish(c, cmap, new, a)
+
+
+async def _publish(c: Client, cmap: ClusterMap, new: ClusterMap,
+                   a: argparse.Namespace) -> ClusterMap:
+    """Publish a changed map (refused while the last storage change is not rebalanced,
+    unless --force, as change_ring refuses) and say so."""
+    if new.storage_rings != cmap.storage_rings and cmap.previous_storage_rings \
+            and not getattr(a, "force", False):
+        raise BadRequest(
+            f"refused: the fragments of the last storage ring change (epoch "
+            f"{cmap.previous_epoch} -> {cmap.epoch}) are not all moved yet: run `ecstore "
+            "rebalance` first. --force changes the ring anyway")
     failed = await c.publish_map(new)
     from cli.main import err
     err.print(f"map epoch {cmap.epoch} -> {new.epoch}"
@@ -463,6 +488,8 @@ def _add_node(a: argparse.Namespace) -> int:
             ns = argparse.Namespace(id=spec.id, url=spec.url, weight=a.weight, role=a.role,
                                     zone=a.zone or spec.id, tier=a.tier)
             await change_ring(c, "add", ns)
+            if a.role == "control":
+                await _give_new_map(c, spec.id, spec.url)
         finally:
             await c.close()
     try:
@@ -471,8 +498,6 @@ def _add_node(a: argparse.Namespace) -> int:
         if not _in_map(cluster.path, spec.id):   # a map that holds it keeps it
             cluster.forget_node(spec.id)
         raise
-    if a.role == "control":
-        cluster.install_map()  # publish_map reached it already; this checks it holds the map
     err.print(f"started {spec.id} at {spec.url}; run `ecstore rebalance` to move data onto it")
     if a.json:
         print(json.dumps({"id": spec.id, "url": spec.url, "role": a.role,
@@ -480,6 +505,23 @@ def _add_node(a: argparse.Namespace) -> int:
                           "weight": a.weight},
                          indent=2))
     return 0
+
+
+async def _give_new_map(c: Client, node_id: str, url: str) -> None:
+    """Make a control node just added hold the newest map (publish_map sent it; this
+    checks, and sends it again if the node holds an older one). Only that node is asked:
+    one of the others down must not fail the command - until the thirty-first session
+    every control node was asked, and one down ended `cluster add-node --role control`
+    in a traceback after the node had been added."""
+    from placement.cluster_map import ClusterMap
+
+    cmap = await c.cluster_map(refresh=True)
+    reply = await c.t.request("GET", url, "/v1/map", timeout_s=10.0)
+    if ClusterMap.from_bytes(reply.body).epoch < cmap.epoch:
+        await c.t.request("PUT", url, "/v1/map", body=cmap.to_bytes(), timeout_s=10.0)
+    reply = await c.t.request("GET", url, "/v1/map", timeout_s=10.0)
+    if ClusterMap.from_bytes(reply.body).epoch < cmap.epoch:
+        raise Unavailable(f"control node {node_id} does not hold map epoch {cmap.epoch}")
 
 
 def _in_map(cluster_path: Path, node_id: str) -> bool:

@@ -248,6 +248,16 @@ class ClusterMap:
         return self.bump(storage_rings=rings, previous_storage_rings=self.storage_rings,
                          previous_epoch=self.epoch)
 
+    def without_storage_ring(self, tier: str) -> "ClusterMap":
+        """A new epoch without the storage ring of `tier` (its last node removed; no
+        policy may place fragments on the tier - check() refuses it otherwise); the old
+        rings are kept as the previous placement, as with_storage_ring keeps them."""
+        rings = tuple(r for r in self.storage_rings if r.tier != tier)
+        if len(rings) == len(self.storage_rings):
+            raise ValueError(f"no storage ring for tier {tier!r}")
+        return self.bump(storage_rings=rings, previous_storage_rings=self.storage_rings,
+                         previous_epoch=self.epoch)
+
     def with_control_ring(self, ring: Ring) -> "ClusterMap":
         """A new epoch with `ring` as the control ring; the old one is kept as previous.
 
