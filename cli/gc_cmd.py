@@ -38,10 +38,12 @@ async def cmd_gc(c: Client, a: argparse.Namespace) -> int:
     err.print("reading fragment listings, then metadata ...")
     worker = await prepare_gc(c, a.grace, a.dry_run)
     r = worker.report
-    await drive(worker, "gc" + (" (dry run)" if a.dry_run else ""),
-                lambda: f"gc: {r.fragments_deleted} fragments deleted, "
-                        f"{r.tombstones_purged} tombstones purged",
-                err.is_terminal and not a.json, total=worker.total)
+    ops = await drive(worker, "gc" + (" (dry run)" if a.dry_run else ""),
+                      lambda: f"gc: {r.fragments_deleted} fragments deleted, "
+                              f"{r.tombstones_purged} tombstones purged",
+                      err.is_terminal and not a.json, total=worker.total, last=False)
+    if ops is not None:     # the status page says failed when gc exits 1
+        await ops.end(1 if worker.report.to_dict()["error_count"] else 0)
     rep = worker.report.to_dict()
     rep["grace_s"] = a.grace
     rep["dry_run"] = a.dry_run

@@ -568,8 +568,8 @@ async def drive(worker: Any, label: str, status: Callable[[], str], show: bool,
             await report.finish(total - worker.remaining, worker.remaining, FAILED)
         raise
     if report is not None:
-        await report.finish(total - worker.remaining, worker.remaining,
-                            FINISHED if last else RUNNING)
+        report.final = (total - worker.remaining, worker.remaining)
+        await report.finish(*report.final, FINISHED if last else RUNNING)
     return report
 
 
@@ -592,6 +592,7 @@ class OpsProgress:
         self.last_done = 0
         self.next_at = 0.0
         self.pending: asyncio.Future[None] | None = None
+        self.final = (0, 0)    # (done, remaining) when the worker stopped (drive)
 
     def tick(self, done: int, remaining: int) -> None:
         now = time.monotonic()
@@ -600,6 +601,12 @@ class OpsProgress:
         rate = (done - self.last_done) / (now - self.last_at) if now > self.last_at else 0.0
         self.last_done, self.last_at, self.next_at = done, now, now + OPS_PUBLISH_INTERVAL_S
         self.pending = asyncio.ensure_future(self._publish(done, remaining, rate))
+
+    async def end(self, exit_code: int) -> None:
+        """The command's end, as its exit code says: FINISHED for 0, else FAILED (a run
+        that exits 1 - something failed, a node unlisted - showed "finished" on the
+        status page and in ecstore_op_finished until the thirty-first session)."""
+        await self.finish(*self.final, FINISHED if exit_code == 0 else FAILED)
 
     async def finish(self, done: int, remaining: int, state: str = FINISHED) -> None:
         """The last record (the whole run's rate), waited for a few seconds at most."""
@@ -643,7 +650,7 @@ async def cmd_repair(c: Client, a: argparse.Namespace) -> int:
 
 
 async def _repair(c: Client, a: argparse.Namespace, state: Path) -> int:
-    from store.repair import prepare_repair, tell_repaired
+    from store.repair import prepare_repair
 
     if a.restart:
         state.unlink(missing_ok=True)
@@ -655,9 +662,24 @@ async def _repair(c: Client, a: argparse.Namespace, state: Path) -> int:
     if worker.skipped:
         err.print(f"resuming: {worker.skipped} objects were done by an earlier run")
     r = worker.report
-    await drive(worker, "repair" + (" (dry run)" if a.dry_run else ""),
-                lambda: f"repair: {r.fragments_rebuilt} rebuilt, {human(r.bytes_rebuilt)}",
-                err.is_terminal and not a.json)
+    ops = await drive(worker, "repair" + (" (dry run)" if a.dry_run else ""),
+                      lambda: f"repair: {r.fragments_rebuilt} rebuilt, {human(r.bytes_rebuilt)}",
+                      err.is_terminal and not a.json, last=False)
+    try:
+        code = await _repair_report(c, a, worker, metadata)
+    except BaseException:
+        if ops is not None:
+            await ops.end(1)
+        raise
+    if ops is not None:
+        await ops.end(code)
+    return code
+
+
+async def _repair_report(c: Client, a: argparse.Namespace, worker: Any,
+                         metadata: dict[str, Any]) -> int:
+    """repair's end: its report printed; the exit code."""
+    from store.repair import tell_repaired
     worker.report.seconds = time.monotonic() - worker.limiter.start
     worker.finish()
     await tell_repaired(c, worker)

@@ -322,7 +322,7 @@ async def cmd_rebalance(c: Client, a: argparse.Namespace) -> int:
 
 
 async def _rebalance(c: Client, a: argparse.Namespace, state: Path) -> int:
-    from cli.main import FAILED, FINISHED, drive, err, human, report_table
+    from cli.main import FAILED, FINISHED, drive, err, human
     from store.rebalance import prepare_rebalance
 
     err.print("reading metadata and fragment listings ...")
@@ -335,12 +335,20 @@ async def _rebalance(c: Client, a: argparse.Namespace, state: Path) -> int:
                       show, last=False)   # its end is reported below, after every pass
     try:
         rep, last = await _rebalance_rest(c, a, state, w, show)
+        code = _rebalance_report(a, rep, last)
     except BaseException:
         if ops is not None:   # a later pass or the metadata move failed
             await ops.finish(r.moved, 0, FAILED)
         raise
     if ops is not None:   # the whole command's end: until now the record said "running"
-        await ops.finish(rep["moved"], 0, FINISHED)
+        await ops.finish(rep["moved"], 0, FINISHED if code == 0 else FAILED)
+    return code
+
+
+def _rebalance_report(a: argparse.Namespace, rep: dict[str, Any], last: Any) -> int:
+    """rebalance's end: its report printed; the exit code."""
+    from cli.main import err, human, report_table
+
     if a.json:
         print(json.dumps(rep, indent=2))
     else:
@@ -379,6 +387,12 @@ async def _rebalance(c: Client, a: argparse.Namespace, state: Path) -> int:
                   "what the node held) and the next rebalance settles",
                   highlight=False)
         return 1
+    if last.unlisted and a.dry_run:
+        # as repair --dry-run: what those nodes hold was not looked at (it exited 0)
+        err.print(f"incomplete: storage node{'s' if len(last.unlisted) > 1 else ''} "
+                  f"{', '.join(last.unlisted)} did not answer its listing: what the map "
+                  "places there, or what it holds, was not looked at", highlight=False)
+        return 1
     return 1 if rep["failed"] or rep["metadata"]["failed"] else 0
 
 
@@ -407,9 +421,12 @@ async def _rebalance_rest(c: Client, a: argparse.Namespace, state: Path, w: Any,
     # whether one waits now: it settles nothing)
     settled = settled or not (await c.cluster_map(refresh=True)).previous_storage_rings
     for more in reports[1:]:
-        for field in ("moved", "bytes_moved", "skipped", "failed"):
+        for field in ("moved", "bytes_moved", "failed"):
             rep[field] += getattr(more, field)
         rep["errors"] += more.errors
+    # fragments found on no node: every pass finds the same ones (it counted them once a
+    # pass, 1,032 for a dead node's 516 after two passes)
+    rep["skipped"] = reports[-1].skipped
     rep["unlisted"] = reports[-1].unlisted
     rep["passes"] = len(reports)
     rep["settled"] = settled

@@ -65,9 +65,11 @@ async def cmd_tier_run(c: Client, a: argparse.Namespace) -> int:
         await c.flush_reads()
         st = await tier_status(c, r)
         worker = TierWorker(c, st, r, dry_run=a.dry_run, rate_mb_s=a.rate)
-        await drive(worker, "tiering", lambda: f"tiering ({worker.remaining} left)",
-                    show=sys.stderr.isatty() and not a.json)
+        ops = await drive(worker, "tiering", lambda: f"tiering ({worker.remaining} left)",
+                          show=sys.stderr.isatty() and not a.json, last=False)
         rep = worker.report
+        if ops is not None:     # failed on the status page when the pass failed some
+            await ops.end(1 if rep.failed else 0)
         if a.json:
             print(json.dumps(rep.to_dict()))
         else:
