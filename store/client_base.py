@@ -23,6 +23,7 @@ from store.errors import (
     EcstoreError,
     InsufficientStorage,
     NotFound,
+    Unauthorized,
     Unavailable,
 )
 from store.metadata import MetaQuorum, first_answers
@@ -203,7 +204,17 @@ class ClientBase(LoopBound):
                                    len(urls) // 2 + 1)
         good = [m for m in maps if isinstance(m, ClusterMap)]
         if not good:
-            raise Unavailable("no control node answered with a cluster map",
+            refused = [m for m in maps if isinstance(m, EcstoreError) and m.status in (401, 403)]
+            if refused:
+                # a wrong or missing secret read as "every control node is down"
+                raise Unauthorized(
+                    f"the control nodes refused this client's signed requests "
+                    f"({refused[0].message}): the cluster secret given here "
+                    "($ECSTORE_SECRET, or cluster.json's) is not the one the nodes were "
+                    "started with, or this host's clock is off from theirs by over 300 s")
+            first = next((m for m in maps if isinstance(m, EcstoreError)), None)
+            raise Unavailable("no control node answered with a cluster map"
+                              + (f" ({first.message})" if first is not None else ""),
                               tried=len(maps), failed=len(maps))
         best = max(good, key=lambda m: m.epoch)
         if self._map is None or best.epoch >= self._map.epoch:

@@ -116,13 +116,22 @@ def test_put_get_ls_head_rm(workdir: Path) -> None:
     assert b"Traceback" not in gone.stderr
 
 
-def test_status_json_and_table(workdir: Path) -> None:
+def test_status_json_and_table(workdir: Path, tmp_path: Path) -> None:
     status = json.loads(ecstore("status", "--json", cwd=workdir).stdout)
     assert status["epoch"] == 1 and len(status["nodes"]) == 7
     assert all(n["up"] for n in status["nodes"])
     assert [n["role"] for n in status["nodes"]].count("gateway") == 1
     table = ecstore("status", cwd=workdir).stdout.decode()
     assert "storage" in table and "gateway" in table and "up" in table
+    # a wrong secret is said to be one: it read as every control node down
+    control = next(n["url"] for n in status["nodes"] if n["role"] == "control")
+    wrong = subprocess.run([sys.executable, "-m", "cli.main", "status"], cwd=tmp_path,
+                           capture_output=True, timeout=60,
+                           env={**os.environ, "PYTHONPATH": str(ROOT),
+                                "ECSTORE_CONTROL": control, "ECSTORE_SECRET": "wrong-secret"})
+    said = " ".join(wrong.stderr.decode().split())
+    assert wrong.returncode != 0 and "is not the one the nodes were started with" in said, said
+    assert "down or unreachable" not in said and "Traceback" not in said
 
 
 def test_errors_are_messages_not_tracebacks(workdir: Path) -> None:
