@@ -751,10 +751,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ttl-s", type=int, default=TOKEN_TTL_S, help="how long the URL works")
     a = p.parse_args(argv)
     if not 1 <= a.ttl_s <= MAX_TOKEN_TTL_S:
-        raise SystemExit(f"--ttl-s must be between 1 and {MAX_TOKEN_TTL_S}")
-    gw = ClusterInfo.load(a.cluster).raw.get("gateway")
+        p.error(f"--ttl-s must be between 1 and {MAX_TOKEN_TTL_S}")     # exit 2, as argparse's
+    try:
+        gw = ClusterInfo.load(a.cluster).raw.get("gateway")
+    except EcstoreError as exc:     # no cluster.json there: a message, not a traceback
+        p.exit(2, f"error: {exc.message}\n")
     if not gw:
-        raise SystemExit("cluster.json names no gateway")
+        p.exit(1, "error: cluster.json names no gateway\n")
     token = make_token(gw["access_key"], gw["secret_key"], int(time.time()) + a.ttl_s)
     print(f"{gw['url']}{UI_PATH}?token={token}")
 
