@@ -332,7 +332,10 @@ class NodeClient:
                     else:
                         self._release(addr, lane, conn)
                     return resp
-        except (ConnectionError, OSError, TimeoutError, ValueError) as exc:
+        except TimeoutError:    # its str() is empty: "unreachable: TimeoutError " said nothing
+            raise Unreachable(f"{base_url} unreachable: no answer within {timeout_s:g} s "
+                              "(stalled, overloaded or a lossy link)") from None
+        except (ConnectionError, OSError, ValueError) as exc:
             raise Unreachable(f"{base_url} unreachable: {type(exc).__name__} {exc}") from None
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 

@@ -245,6 +245,12 @@ def test_a_stalled_storage_node_is_named_in_seconds_not_waited_out(
             assert rep.get("unlisted", [victim]) == [victim], rep
             assert any(f"storage node {victim} did not answer its listing (its health check"
                        in e for e in rep["errors"]), rep["errors"]
+        # status names why: it said "unreachable: TimeoutError " and nothing after it
+        proc = subprocess.run([sys.executable, "-m", "cli.main", "--cluster",
+                               str(cluster.path), "status", "--json"], cwd=ROOT,
+                              capture_output=True, timeout=40)
+        row = next(n for n in json.loads(proc.stdout)["nodes"] if n["id"] == victim)
+        assert row["state"] == "down" and "no answer within 3 s" in row["error"], row
     finally:
         os.kill(pid, signal.SIGCONT)
 
