@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from cli.argtypes import non_negative
-from cli.main import drive, err, report_table, with_client
+from cli.main import drive, err, human, report_table, with_client
 from store.client import INTENT_AFTER_S, Client
 from store.errors import BadRequest
 from store.gc import DEFAULT_GRACE_S, prepare_gc
@@ -64,6 +64,7 @@ def _table(rep: dict[str, Any]) -> None:
         ("  of them stray copies", rep["fragments_stray"]),
         ("  strays kept: the map changed", rep["strays_kept"]),
         ("fragments deleted", rep["fragments_deleted"]),
+        ("  bytes they held", "-" if rep["bytes_deleted"] is None else human(rep["bytes_deleted"])),
         ("kept: live", rep["kept_live"]),
         ("kept: younger than grace", rep["kept_young"]),
         ("  of them older, replaced within grace", rep["kept_replaced"]),

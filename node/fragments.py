@@ -693,7 +693,9 @@ class FragmentStore:
         self.bytes -= loc_length(loc)
 
     @disk_op
-    def delete(self, fid: str) -> None:
+    def delete(self, fid: str) -> int:
+        """Delete fid; the bytes its record held (the volume gives them back when it is
+        compacted)."""
         check_fragment_id(fid)
         self.check_writable()
         with self._lock:
@@ -701,6 +703,7 @@ class FragmentStore:
             if loc is None:
                 raise NotFound(f"fragment {fid} not found")
             self._forget(fid, loc)
+            freed = loc_length(loc)
             vol, off, parts, length = self._append_tombstone(fid)
         try:
             self._write(vol, off, parts, length)
@@ -709,6 +712,7 @@ class FragmentStore:
         finally:
             with self._lock:
                 self._done(vol)
+        return freed
 
     # ---- reads ----------------------------------------------------------------------
     def _locate(self, fid: str) -> tuple[Loc, Volume]:

@@ -64,7 +64,7 @@ from store.errors import BadRequest, Unavailable
 from store.transport import retrieved
 from store.wire import FRAGMENT_CRC_HEADER as CRC_HEADER
 from store.wire import FRAGMENT_META_HEADER as META_HEADER
-from store.wire import pack, pack_header, uncached_requested, unpack_header
+from store.wire import FREED_HEADER, pack, pack_header, uncached_requested, unpack_header
 
 log = logging.getLogger("ecstore.storage")
 MAX_FRAGMENT_BYTES = 80 * 1024 * 1024
@@ -347,8 +347,8 @@ async def head_fragment(request: web.Request) -> web.Response:
 
 
 async def delete_fragment(request: web.Request) -> web.Response:
-    await _in_thread(request.app[STORE].delete, request.match_info["fid"])
-    return web.Response(status=204)
+    freed = await _in_thread(request.app[STORE].delete, request.match_info["fid"])
+    return web.Response(status=204, headers={FREED_HEADER: str(freed)})   # for gc's report
 
 
 async def list_fragments(request: web.Request) -> web.Response:

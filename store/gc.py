@@ -79,7 +79,7 @@ from store.multipart import RecordedPart, recorded_parts, upload_ids
 from store.names import PARTS_BUCKET, PUTS_BUCKET, SYSTEM_BUCKETS, UPLOADS_BUCKET
 from store.striping import fragment_id, record_extents
 from store.transport import quote_key
-from store.wire import pack, unpack
+from store.wire import FREED_HEADER, pack, unpack
 from store.workers import WorkReport, all_listings, live_records, take
 
 DEFAULT_GRACE_S = 3600.0
@@ -292,7 +292,7 @@ class GcReport(WorkReport):
     fragments_stray: int = 0             # copies of live fragments where no reader looks
     strays_kept: int = 0                 # ... left for the next run: the map changed
     puts_running: int = 0                # puts that said they run: their fragments kept
-    bytes_deleted: int | None = None     # unknown: a storage node's DELETE does not say
+    bytes_deleted: int | None = None     # as the storage nodes' DELETEs say (None: none did)
     kept_live: int = 0
     kept_young: int = 0
     kept_replaced: int = 0               # ... of them: old versions, overwritten or deleted
@@ -515,8 +515,12 @@ class GcWorker:
             return
         node = self.cmap.storage_node(node_id)
         try:
-            await self.c.t.request("DELETE", node.address, f"/v1/fragments/{fid}", timeout_s=10)
+            reply = await self.c.t.request("DELETE", node.address, f"/v1/fragments/{fid}",
+                                           timeout_s=10)
             self.report.fragments_deleted += 1
+            freed = reply.headers.get(FREED_HEADER, "")
+            if freed.isdigit():     # a node of an earlier version does not say
+                self.report.bytes_deleted = (self.report.bytes_deleted or 0) + int(freed)
         except NotFound:
             pass  # gone meanwhile (a client cleaned up after a failed put)
         except EcstoreError as exc:

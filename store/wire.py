@@ -37,6 +37,8 @@ FRAGMENT_META_HEADER = "x-ecstore-fragment-meta"
 # authority (the scrubber and every write check it).
 FRAGMENT_CRC_HEADER = "x-ecstore-crc32"
 MAX_META_HEADER_BYTES = 4096
+# On a fragment DELETE's answer: the bytes the fragment's record held (gc's bytes_deleted)
+FREED_HEADER = "x-ecstore-freed-bytes"
 # "1" on a fragment PUT: the storage node writes it without keeping it in its page cache
 # (RWF_DONTCACHE, Linux 6.14+; a plain write where the kernel or filesystem has no such
 # write) - for bytes nobody is about to read back: checkpoints, repair, rebalance. The

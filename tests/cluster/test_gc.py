@@ -108,6 +108,11 @@ def test_overwritten_and_deleted_fragments_and_tombstones_go(cluster: LocalClust
         b"progress" in said and b"acknowledged without them, and the object is lost" in said
     rep = json.loads(warned.stdout)
     assert rep["fragments_deleted"] >= 12
+    # the bytes the deleted fragments held, as the storage nodes say (it read null): at
+    # least the 6 fragments of each dead version, header and payload (k = 4)
+    least = 6 * (80 + 300_000 // 4) + 6 * (80 + 150_000 // 4)
+    assert least <= rep["bytes_deleted"] <= least * rep["fragments_deleted"], rep
+    assert dry0["bytes_deleted"] is None                # a dry run deletes nothing
     assert of_version(cluster, old) == set() and of_version(cluster, gone) == set()
     assert len(of_version(cluster, new)) == 6 and len(of_version(cluster, kept)) == 6
     if rep["tombstones_repaired"]:                      # a replica lacked it: purged next run
