@@ -261,11 +261,22 @@ def slow_node_notes(rows: list[dict[str, Any]]) -> list[str]:
     return notes
 
 
+ROLE_ORDER = {"control": 0, "storage": 1, "gateway": 2}
+
+
+def status_order(row: dict[str, Any]) -> tuple[int, list[tuple[int, str]]]:
+    """Control nodes, storage nodes, the gateway; ids in natural order within a role (s3
+    before s10: they came in the map's order, s10 before s3)."""
+    parts = [(int(t), "") if t.isdigit() else (-1, t)
+             for t in re.split(r"(\d+)", str(row["id"])) if t]
+    return ROLE_ORDER.get(row["role"], 3), parts
+
+
 async def cmd_status(c: Client, a: argparse.Namespace) -> int:
     """Every node's state; exit 3 when one is down or degraded (a full disk, a database
     that refuses writes), each problem named under the table; a storage node that came
     back empty is noted (empty_node_notes)."""
-    rows = await c.node_status()
+    rows = sorted(await c.node_status(), key=status_order)
     cmap = await c.cluster_map()
     code = 0 if all(r["state"] == "up" for r in rows) else 3
     notes = empty_node_notes(rows) + slow_node_notes(rows)

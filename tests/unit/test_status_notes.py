@@ -68,3 +68,12 @@ def test_a_node_answering_far_slower_than_the_others_is_noted() -> None:
     assert slow_node_notes([timed("s1", 1500), timed("s2", 1400), timed("s3", 1600)]) == []
     assert slow_node_notes([timed("s1", 900), timed("s2", 10), timed("s3", 10)]) == []
     assert slow_node_notes([timed("s1", 5000)]) == []
+
+
+def test_status_rows_are_in_natural_order_by_role() -> None:
+    from cli.main import status_order
+    rows = [{"id": i, "role": r} for i, r in
+            [("gateway", "gateway"), ("s10", "storage"), ("c2", "control"), ("s3", "storage"),
+             ("s1", "storage"), ("c10", "control"), ("c1", "control"), ("s1a", "storage")]]
+    assert [r["id"] for r in sorted(rows, key=status_order)] == \
+        ["c1", "c2", "c10", "s1", "s1a", "s3", "s10", "gateway"]
