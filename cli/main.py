@@ -520,28 +520,35 @@ async def cmd_ls(c: Client, a: argparse.Namespace) -> int:
         return 0
     bucket, _, prefix = a.path.partition("/")
     delimiter = "" if a.recursive else "/"
-    objects, prefixes, count = [], [], 0
+    objects, prefixes, count, more, last = [], [], 0, False, ""
     async for page in c.list_all(bucket, prefix, delimiter):
         # the first --max-keys entries in key order, prefixes and objects alike
         entries = sorted([(p, None) for p in page.common_prefixes]
                          + [(o.key, o) for o in page.objects], key=lambda e: e[0])
         if a.max_keys:
+            more = len(entries) > a.max_keys - count
             entries = entries[:a.max_keys - count]
         prefixes += [name for name, o in entries if o is None]
         objects += [o for _, o in entries if o is not None]
         count += len(entries)
+        last = entries[-1][0] if entries else last
         if a.max_keys and count >= a.max_keys:
+            more = more or page.truncated
             break
-    if a.json:
+    if a.json:   # truncated: --max-keys cut the listing (a script could not tell)
         print(json.dumps({"prefixes": prefixes, "objects": [
             {"key": o.key, "size": o.size, "version_id": o.version_id, "ts": o.ts}
-            for o in objects]}, indent=2))
+            for o in objects], "truncated": more,
+            **({"last_key": last} if more else {})}, indent=2))
         return 0
     for p in prefixes:
         out.print(f"{'PRE':>12}  {p}", highlight=False)
     for o in objects:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(o.ts / 1e9))
         out.print(f"{o.size:>12}  {when}  {o.key}", highlight=False)
+    if more:
+        err.print(f"(the first {count} shown: --max-keys; more follow {last!r})",
+                  highlight=False, markup=False)
     return 0
 
 

@@ -213,7 +213,13 @@ def test_ls_max_keys_prints_no_more_than_asked(workdir: Path) -> None:
     listing = json.loads(ecstore("ls", "few", "-r", "--max-keys", "3", "--json",
                                  cwd=workdir).stdout)
     assert [o["key"] for o in listing["objects"]] == ["k0", "k1", "k2"]
-    assert len(ecstore("ls", "few", "-r", "--max-keys", "2", cwd=workdir).stdout.splitlines()) == 2
+    # a script can tell the listing was cut, and where (it could not)
+    assert (listing["truncated"], listing["last_key"]) == (True, "k2")
+    whole = json.loads(ecstore("ls", "few", "-r", "--max-keys", "5", "--json",
+                               cwd=workdir).stdout)
+    assert len(whole["objects"]) == 5 and whole["truncated"] is False and "last_key" not in whole
+    cut = ecstore("ls", "few", "-r", "--max-keys", "2", cwd=workdir)
+    assert len(cut.stdout.splitlines()) == 2 and b"more follow" in cut.stderr
 
 
 def test_more_request_mistakes_exit_2_without_a_traceback(workdir: Path, tmp_path: Path) -> None:
