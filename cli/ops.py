@@ -673,7 +673,10 @@ def _remove_node(a: argparse.Namespace) -> int:
     moved = (f"{summary['moved']} fragments ({human(summary['bytes_moved'])})"
              if role == "storage" else f"{summary['metadata']['dropped']} metadata records")
     err.print(f"moved {moved} while draining {a.id}", highlight=False)
-    err.print(f"drained and stopped {a.id}; its data directory {data_dir} ({human(left)}: "
+    done = (f"removed {a.id}, which did not answer (dead: nothing was moved off it; every "
+            "fragment a live object needs was found on another node)"
+            if a.id in summary.get("unlisted", ()) else f"drained and stopped {a.id}")
+    err.print(f"{done}; its data directory {data_dir} ({human(left)}: "
               f"{what}) is kept - delete it when you no longer want it", highlight=False)
     if a.json:
         print(json.dumps(summary, indent=2))

@@ -66,6 +66,8 @@ def test_a_dead_node_replaced_new_one_first(cluster: LocalCluster) -> None:
     assert json.loads(rep.stdout)["fragments_rebuilt"] > 0
     done = cli(cluster, "cluster", "remove-node", "--data", data, "s2", "--json")
     assert done.returncode == 0 and json.loads(done.stdout)["drained"] is True, done.stderr
+    # a dead node is not said to be drained and stopped
+    assert "removed s2, which did not answer" in " ".join(done.stderr.split()), done.stderr
     assert "s2" not in LocalCluster.load(cluster.dir).nodes
     with SyncClient(cluster.path) as c:
         for k, v in objs.items():
