@@ -180,7 +180,7 @@ class ClientBase(LoopBound):
             return self._map  # stale while revalidating: the fetch never delays a request
         try:
             return await asyncio.shield(self._map_fetch)
-        except Unavailable:
+        except (Unavailable, Unauthorized):   # (a wrong secret says so: _fetch_newest_map)
             if self._map is not None and not refresh:
                 return self._map  # keep working on the last map while control nodes are away
             raise
@@ -192,7 +192,7 @@ class ClientBase(LoopBound):
         cmap = await self.cluster_map()
         if time.monotonic() - self._map_at < MAP_TTL_S or self._map_fetch is None:
             return cmap
-        with contextlib.suppress(Unavailable):   # control nodes away: the last map
+        with contextlib.suppress(Unavailable, Unauthorized):   # control nodes away: the last map
             cmap = await asyncio.shield(self._map_fetch)
         return cmap
 
