@@ -22,7 +22,7 @@ from rich.table import Table
 from cli.argtypes import count, non_negative
 from store.client import Client, ObjectInfo, new_version_id
 from store.cluster import ClusterInfo
-from store.errors import BadRequest, EcstoreError, Unavailable
+from store.errors import BadRequest, EcstoreError, Unauthorized, Unavailable
 from store.names import OPS_BUCKET, WORKER_OPS
 
 if TYPE_CHECKING:
@@ -180,11 +180,12 @@ def with_client(fn: Callable[[Client, argparse.Namespace], Awaitable[int]],
             try:
                 try:
                     await c.cluster_map()
-                except Unavailable as exc:
+                except (Unavailable, Unauthorized) as exc:
                     if no_map_exit is None:
                         raise
-                    err.print(f"error: {exc.message} - every control node is down or "
-                              "unreachable", highlight=False)
+                    err.print(f"error: {exc.message}" + (
+                        " - every control node is down or unreachable"
+                        if isinstance(exc, Unavailable) else ""), highlight=False)
                     if getattr(a, "json", False):   # a script still gets JSON
                         print(json.dumps({"epoch": None, "nodes": [], "error": exc.message}))
                     return no_map_exit

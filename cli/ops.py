@@ -120,7 +120,7 @@ async def change_ring(c: Client, op: str, a: argparse.Namespace) -> ClusterMap:
                 # the last node of a tier no policy uses (added with a mistyped --tier):
                 # the ring goes with it - it said "cannot remove the last node of a ring",
                 # and the node stayed in the map for good
-                return await _publish(c, cmap, cmap.without_storage_ring(old.tier), a)
+                return await _publish(c, cmap, cmap.without_storage_ring(old.tier))
             ring = _change(old, op, a)
         control = ring.tier == "control"
         if old is not None and (ring.to_dict() == old.to_dict() or _asks_nothing(old, op, a)):
@@ -154,19 +154,11 @@ async def change_ring(c: Client, op: str, a: argparse.Namespace) -> ClusterMap:
                      f"or `ecstore ring add`), then remove {a.id} - with --force if it is "
                      "down for good; `ecstore repair` then rebuilds what only it held")
         raise BadRequest(f"refused: {said}") from None
-    return await _publish(c, cmap, new, a)
+    return await _publish(c, cmap, new)
 
 
-async def _publish(c: Client, cmap: ClusterMap, new: ClusterMap,
-                   a: argparse.Namespace) -> ClusterMap:
-    """Publish a changed map (refused while the last storage change is not rebalanced,
-    unless --force, as change_ring refuses) and say so."""
-    if new.storage_rings != cmap.storage_rings and cmap.previous_storage_rings \
-            and not getattr(a, "force", False):
-        raise BadRequest(
-            f"refused: the fragments of the last storage ring change (epoch "
-            f"{cmap.previous_epoch} -> {cmap.epoch}) are not all moved yet: run `ecstore "
-            "rebalance` first. --force changes the ring anyway")
+async def _publish(c: Client, cmap: ClusterMap, new: ClusterMap) -> ClusterMap:
+    """Publish a changed map and say so."""
     failed = await c.publish_map(new)
     from cli.main import err
     err.print(f"map epoch {cmap.epoch} -> {new.epoch}"
@@ -428,6 +420,8 @@ async def _rebalance_rest(c: Client, a: argparse.Namespace, state: Path, w: Any,
     # pass, 1,032 for a dead node's 516 after two passes)
     rep["skipped"] = reports[-1].skipped
     rep["unlisted"] = reports[-1].unlisted
+    if a.dry_run:   # nothing moved: no rate (the bytes are what would move)
+        rep["moved_mb_s"] = 0.0
     rep["passes"] = len(reports)
     rep["settled"] = settled
     rep["metadata"] = (await finish_metadata_move(c, a.dry_run)).to_dict()
@@ -532,13 +526,14 @@ async def _give_new_map(c: Client, node_id: str, url: str) -> None:
     in a traceback after the node had been added."""
     from placement.cluster_map import ClusterMap
 
+    async def held() -> int:     # the epoch of the map it holds; 0: none (404)
+        reply = await c.t.request("GET", url, "/v1/map", timeout_s=10.0, ok_404=True)
+        return 0 if reply.status == 404 else ClusterMap.from_bytes(reply.body).epoch
     cmap = await c.cluster_map(refresh=True)
-    reply = await c.t.request("GET", url, "/v1/map", timeout_s=10.0)
-    if ClusterMap.from_bytes(reply.body).epoch < cmap.epoch:
+    if await held() < cmap.epoch:   # publish_map's PUT to it failed (a majority took it)
         await c.t.request("PUT", url, "/v1/map", body=cmap.to_bytes(), timeout_s=10.0)
-    reply = await c.t.request("GET", url, "/v1/map", timeout_s=10.0)
-    if ClusterMap.from_bytes(reply.body).epoch < cmap.epoch:
-        raise Unavailable(f"control node {node_id} does not hold map epoch {cmap.epoch}")
+        if await held() < cmap.epoch:
+            raise Unavailable(f"control node {node_id} does not hold map epoch {cmap.epoch}")
 
 
 def _in_map(cluster_path: Path, node_id: str) -> bool:
@@ -636,6 +631,9 @@ def _remove_node(a: argparse.Namespace) -> int:
                            bytes_moved=sum(r.bytes_moved for r in reports),
                            failed=last.failed, skipped=last.skipped, unlisted=last.unlisted,
                            errors=last.errors[:20])
+            # whether the node answered a listing in any pass (a node drained in one and
+            # stopped after is not "dead: nothing moved off it")
+            summary["_answered"] = any(a.id not in r.unlisted for r in reports)
             for e in last.errors[:20]:
                 err.print(f"[yellow]warning:[/] {e}", highlight=False)
             if last.failed:
@@ -654,6 +652,7 @@ def _remove_node(a: argparse.Namespace) -> int:
             await c.close()
     with only_one(state_path(str(cluster.path), "rebalance.state.json"), "rebalance"):
         problem = asyncio.run(drain())   # its passes are rebalances: not beside another
+    answered = summary.pop("_answered", True)
     if problem:    # a cluster failure (exit 1), not a mistake in the request; --json: the
         # summary with drained false, beside the error and its message (cli.main)
         raise Unavailable(f"{problem}; {a.id} is out of the map, and still in cluster.json "
@@ -675,7 +674,7 @@ def _remove_node(a: argparse.Namespace) -> int:
     err.print(f"moved {moved} while draining {a.id}", highlight=False)
     done = (f"removed {a.id}, which did not answer (dead: nothing was moved off it; every "
             "fragment a live object needs was found on another node)"
-            if a.id in summary.get("unlisted", ()) else f"drained and stopped {a.id}")
+            if answered is False else f"drained and stopped {a.id}")
     err.print(f"{done}; its data directory {data_dir} ({human(left)}: "
               f"{what}) is kept - delete it when you no longer want it", highlight=False)
     if a.json:

@@ -250,13 +250,13 @@ class ClusterMap:
 
     def without_storage_ring(self, tier: str) -> "ClusterMap":
         """A new epoch without the storage ring of `tier` (its last node removed; no
-        policy may place fragments on the tier - check() refuses it otherwise); the old
-        rings are kept as the previous placement, as with_storage_ring keeps them."""
+        policy may place fragments on the tier - check() refuses it otherwise). Nothing
+        is placed there, so nothing moves: the previous placement stays as it is (another
+        tier's change not rebalanced yet keeps its own)."""
         rings = tuple(r for r in self.storage_rings if r.tier != tier)
         if len(rings) == len(self.storage_rings):
             raise ValueError(f"no storage ring for tier {tier!r}")
-        return self.bump(storage_rings=rings, previous_storage_rings=self.storage_rings,
-                         previous_epoch=self.epoch)
+        return self.bump(storage_rings=rings)
 
     def with_control_ring(self, ring: Ring) -> "ClusterMap":
         """A new epoch with `ring` as the control ring; the old one is kept as previous.

@@ -292,7 +292,7 @@ class GcReport(WorkReport):
     fragments_stray: int = 0             # copies of live fragments where no reader looks
     strays_kept: int = 0                 # ... left for the next run: the map changed
     puts_running: int = 0                # puts that said they run: their fragments kept
-    bytes_deleted: int | None = None     # as the storage nodes' DELETEs say (None: none did)
+    bytes_deleted: int | None = None     # as the storage nodes' DELETEs say (None: a dry run)
     kept_live: int = 0
     kept_young: int = 0
     kept_replaced: int = 0               # ... of them: old versions, overwritten or deleted
@@ -463,7 +463,7 @@ class GcWorker:
         self.orphan_parts = deque(orphan_parts)  # after the fragments: a run cut short finds them
         self.now_ns, self.grace_s, self.dry_run = now_ns, grace_s, dry_run
         self.total = self.remaining
-        self.report = GcReport()
+        self.report = GcReport(bytes_deleted=None if dry_run else 0)   # a dry run deletes none
         self.started = time.monotonic()
 
     @property

@@ -14,13 +14,14 @@ import asyncio
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from placement.cluster_map import ClusterMap
 from placement.nodes import Node
 from store.client import Client, expected_fragment_nodes
-from store.codec import HEADER_BYTES
+from store.codec import HEADER_BYTES, driver
 from store.errors import EcstoreError
 from store.multipart import part_extent_records
 from store.striping import fragment_id, record_extents
@@ -58,11 +59,21 @@ class Move:
 
 
 def fragment_bytes(record: Mapping[str, Any], extent_size: int, segment: int) -> int:
-    """A fragment's size on disk as its record implies it (pure): pyeclib's header and the
-    segment's bytes split k ways, rounded up (what a dry run counts as bytes to move)."""
+    """A fragment's size as its record implies it: what pyeclib makes of the segment's
+    length with the record's code (its header, the payload its backend aligns) - what a
+    dry run counts as bytes to move."""
     seg_size = int(record.get("segment_size") or 0) or extent_size
-    seg_len = max(0, min(seg_size, extent_size - segment * seg_size))
-    return HEADER_BYTES + -(-seg_len // max(1, int(record["k"])))
+    seg_len = max(1, min(seg_size, extent_size - segment * seg_size))
+    k, m = int(record["k"]), int(record["m"])
+    try:
+        return _fragment_size(k, m, str(record.get("ec_type") or "isa_l_rs_vand"), seg_len)
+    except Exception:  # noqa: BLE001 - a code pyeclib cannot open here: ISA-L's sizes
+        return HEADER_BYTES + -(-seg_len // max(1, k))
+
+
+@lru_cache(maxsize=4096)
+def _fragment_size(k: int, m: int, ec_type: str, seg_len: int) -> int:
+    return int(driver(k, m, ec_type).get_segment_info(seg_len, seg_len)["fragment_size"])
 
 
 def plan_moves(cmap: ClusterMap, record: dict[str, Any], listings: Mapping[str, set[str]],

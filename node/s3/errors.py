@@ -3,7 +3,17 @@ from __future__ import annotations
 
 from xml.sax.saxutils import escape
 
-from store.errors import BadRequest, Conflict, EcstoreError, NotFound, RangeNotSatisfiable, TooLarge, Unavailable
+from store.errors import (
+    BadRequest,
+    Conflict,
+    EcstoreError,
+    Forbidden,
+    NotFound,
+    RangeNotSatisfiable,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+)
 
 
 class S3Error(Exception):
@@ -53,4 +63,10 @@ def to_s3_error(exc: EcstoreError, key: str) -> S3Error:
         return S3Error("OperationAborted", exc.message, 409)
     if isinstance(exc, Unavailable):
         return S3Error("ServiceUnavailable", f"too few nodes answered: {exc.message}", 503)
+    if isinstance(exc, (Unauthorized, Forbidden)):
+        # the cluster's nodes refused the gateway's own signed requests (a secret or clock
+        # the gateway does not share with them): the service's fault, not the client's -
+        # it was a 500 InternalError, and under 500 the gateway did not log it
+        return S3Error("ServiceUnavailable", f"the cluster refused the gateway: {exc.message}",
+                       503)
     return S3Error("InternalError", "We encountered an internal error. Please try again.", 500)

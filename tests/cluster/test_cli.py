@@ -130,8 +130,15 @@ def test_status_json_and_table(workdir: Path, tmp_path: Path) -> None:
                            env={**os.environ, "PYTHONPATH": str(ROOT),
                                 "ECSTORE_CONTROL": control, "ECSTORE_SECRET": "wrong-secret"})
     said = " ".join(wrong.stderr.decode().split())
-    assert wrong.returncode != 0 and "is not the one the nodes were started with" in said, said
+    assert wrong.returncode == 3 and "is not the one the nodes were started with" in said, said
     assert "down or unreachable" not in said and "Traceback" not in said
+    wrong_json = subprocess.run([sys.executable, "-m", "cli.main", "status", "--json"],
+                                cwd=tmp_path, capture_output=True, timeout=60,
+                                env={**os.environ, "PYTHONPATH": str(ROOT),
+                                     "ECSTORE_CONTROL": control, "ECSTORE_SECRET": "wrong"})
+    shape = json.loads(wrong_json.stdout)      # the shape of no control node answering
+    assert wrong_json.returncode == 3 and (shape["epoch"], shape["nodes"]) == (None, [])
+    assert "is not the one the nodes were started with" in shape["error"]
 
 
 def test_errors_are_messages_not_tracebacks(workdir: Path) -> None:

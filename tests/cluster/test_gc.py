@@ -111,7 +111,9 @@ def test_overwritten_and_deleted_fragments_and_tombstones_go(cluster: LocalClust
     # the bytes the deleted fragments held, as the storage nodes say (it read null): at
     # least the 6 fragments of each dead version, header and payload (k = 4)
     least = 6 * (80 + 300_000 // 4) + 6 * (80 + 150_000 // 4)
-    assert least <= rep["bytes_deleted"] <= least * rep["fragments_deleted"], rep
+    assert least <= rep["bytes_deleted"], rep
+    if rep["fragments_deleted"] == 12:      # those only: each record's own header on top
+        assert rep["bytes_deleted"] <= least + 12 * 512, rep
     assert dry0["bytes_deleted"] is None                # a dry run deletes nothing
     assert of_version(cluster, old) == set() and of_version(cluster, gone) == set()
     assert len(of_version(cluster, new)) == 6 and len(of_version(cluster, kept)) == 6

@@ -113,10 +113,44 @@ def test_a_node_of_a_mistyped_tier_can_be_removed(cluster: LocalCluster) -> None
     added = cli(cluster, "cluster", "add-node", "--data", data, "--tier", "nosuch", "--json")
     assert added.returncode == 0 and "no policy places fragments on tier" in added.stderr
     nid = json.loads(added.stdout)["id"]
-    assert cli(cluster, "rebalance").returncode == 0
+    # no rebalance first (the add left one pending): the removal's drain settles it
+    assert json.loads(cli(cluster, "ring", "show", "--json").stdout)["rebalance_pending"] \
+        == ["storage"]
     gone = cli(cluster, "cluster", "remove-node", "--data", data, nid, "--json")
     assert gone.returncode == 0 and json.loads(gone.stdout)["drained"] is True, gone.stderr
     shown = json.loads(cli(cluster, "ring", "show", "--json").stdout)
     assert nid not in [n["id"] for n in shown["nodes"]]
     assert {n["ring"] for n in shown["nodes"]} == {"hot", "control"}
     assert nid not in LocalCluster.load(cluster.dir).nodes
+    assert shown["rebalance_pending"] == []
+    assert cli(cluster, "rebalance").returncode == 0
+
+
+def test_a_new_control_node_without_a_map_is_given_it() -> None:
+    """cluster add-node --role control checks the new node holds the map publish_map sent
+    (a majority taking it is enough for publish_map): one that holds none (its PUT failed)
+    is sent it - it answered 404 and the command failed with exit 2."""
+    import asyncio
+
+    from cli.ops import _give_new_map
+    from store.client import Client
+
+    with running_cluster("ecstore-givemap-", storage=6, control=3, gateway=False) as lc:
+        spec = lc.add_node_spec("control")
+        lc.start_node(spec.id)
+        lc.wait_healthy([spec.id])
+
+        async def go() -> int:
+            async with Client.connect(lc.path) as c:
+                none = await c.t.request("GET", spec.url, "/v1/map", ok_404=True)
+                assert none.status == 404                  # started: it holds no map
+                await _give_new_map(c, spec.id, spec.url)
+                from placement.cluster_map import ClusterMap
+                held = await c.t.request("GET", spec.url, "/v1/map")
+                assert ClusterMap.from_bytes(held.body).epoch == (await c.cluster_map()).epoch
+                return 0
+        try:
+            assert asyncio.run(go()) == 0
+        finally:
+            lc.stop_node(spec.id)
+            lc.forget_node(spec.id)

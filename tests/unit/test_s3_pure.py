@@ -223,3 +223,16 @@ def test_request_target_reads_the_bucket_from_the_longest_domain(
     endpoint s3.example.com itself bucket "s3", its path's bucket a key."""
     assert request_target(host, path, ("example.com", "s3.example.com")) == want
     assert request_target(host, path, ()) == ((*split_path(path), False))
+
+
+def test_the_clusters_refusal_of_the_gateway_is_a_503_not_a_500() -> None:
+    """The nodes refusing the gateway's own signed requests (a secret it does not share)
+    is the service's fault: 503 ServiceUnavailable, which the gateway logs (a 500
+    InternalError said nothing of it)."""
+    from node.s3.errors import to_s3_error
+    from store.errors import Forbidden, NotFound, Unauthorized
+    for exc in (Unauthorized("signature does not match"), Forbidden("no")):
+        err = to_s3_error(exc, "k")
+        assert (err.code, err.status) == ("ServiceUnavailable", 503)
+        assert "the cluster refused the gateway" in err.message
+    assert to_s3_error(NotFound("x"), "k").status == 404
