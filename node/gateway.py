@@ -116,6 +116,14 @@ def unsupported_header(headers: Iterable[str]) -> str | None:
 def route(method: str, ctx: S3Ctx) -> Handler:
     """The handler for a request, by path shape, method and subresource."""
     q = ctx.query
+    named = [n for n in q if not n.lower().startswith(KNOWN_QUERY_PREFIX)
+             and n not in ("x-id", "AWSAccessKeyId", "Signature", "Expires")]
+    if method == "GET" and len(named) == 1:   # "nothing set" for what we do not have
+        sub = named[0]
+        if ctx.bucket and not ctx.key and sub in buckets.NOT_CONFIGURED:
+            return buckets.not_configured(sub)
+        if ctx.key and sub == "tagging":
+            return objects.get_object_tagging
     bad = sorted(UNSUPPORTED & set(q))
     if bad or (method == "PUT" and "versioning" in q):
         raise S3Error("NotImplemented", f"{(bad or ['versioning'])[0]} is not supported", 501)

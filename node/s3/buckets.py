@@ -147,6 +147,31 @@ async def get_versioning(ctx: S3Ctx) -> web.StreamResponse:
     return xml_response(doc("VersioningConfiguration"))
 
 
+# GETs of bucket configurations we do not have: S3's answer for a bucket with none set
+# (tools probe them - s3fs, terraform, backup tools - and a 501 NotImplemented failed
+# them where S3 says "nothing set"); setting one stays NotImplemented (gateway.UNSUPPORTED)
+NOT_CONFIGURED = {
+    "policy": ("NoSuchBucketPolicy", "The bucket policy does not exist"),
+    "lifecycle": ("NoSuchLifecycleConfiguration", "The lifecycle configuration does not exist"),
+    "cors": ("NoSuchCORSConfiguration", "The CORS configuration does not exist"),
+    "encryption": ("ServerSideEncryptionConfigurationNotFoundError",
+                   "The server side encryption configuration was not found"),
+    "tagging": ("NoSuchTagSet", "The TagSet does not exist"),
+    "website": ("NoSuchWebsiteConfiguration", "The specified bucket does not have a website "
+                "configuration"),
+}
+
+
+def not_configured(sub: str) -> Any:
+    """The handler of GET ?{sub} on a bucket: its S3 404 once the bucket is known."""
+    code, message = NOT_CONFIGURED[sub]
+
+    async def handler(ctx: S3Ctx) -> web.StreamResponse:
+        await ctx.owned_bucket()
+        raise S3Error(code, message, 404)
+    return handler
+
+
 async def get_bucket_acl(ctx: S3Ctx) -> web.StreamResponse:
     rec = await ctx.owned_bucket()
     return xml_response(acl_xml(bucket_owner(rec), rec.get("acl") or "private"))

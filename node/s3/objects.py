@@ -419,6 +419,12 @@ async def put_object(ctx: S3Ctx) -> web.StreamResponse:
     if "x-amz-copy-source" in ctx.headers:
         return await copy_object(ctx)
     await ctx.owned_bucket()
+    named = ctx.headers.get("x-amz-checksum-algorithm")
+    if named is not None and named.strip().lower() not in DIGEST_BYTES:
+        # as CreateMultipartUpload answers it (a PutObject naming MD5 was stored, 200)
+        raise S3Error("InvalidRequest", "Checksum algorithm provided is unsupported. Please "
+                      "try again with any of the valid types: [CRC32, CRC32C, CRC64NVME, "
+                      "SHA1, SHA256]")
     acl = canned_acl(ctx.headers)
     meta = user_meta(ctx.headers)
     keep = stored_headers(ctx.headers)
@@ -437,6 +443,8 @@ async def put_object(ctx: S3Ctx) -> web.StreamResponse:
     del info
     out = {"ETag": f'"{body.md5_hex}"'}
     out.update({f"x-amz-checksum-{a}": v for a, v in body.checksums.items()})
+    if body.checksums:     # a single put's checksum is of the whole object (S3 says so too)
+        out["x-amz-checksum-type"] = "FULL_OBJECT"
     return web.Response(status=200, headers=out)
 
 
@@ -645,6 +653,17 @@ def acl_xml(owner: str, acl: str) -> bytes:
                   'xsi:type="Group"><URI>http://acs.amazonaws.com/groups/global/AllUsers</URI>'
                   '</Grantee><Permission>READ</Permission></Grant>')
     return doc("AccessControlPolicy", owner_xml(owner), el("AccessControlList", [grant]))
+
+
+async def get_object_tagging(ctx: S3Ctx) -> web.StreamResponse:
+    """No object has tags here (setting them is NotImplemented): S3's answer for an object
+    without any, an empty TagSet - it was 501, and s3fs's get_tags raised."""
+    await ctx.owned_bucket()
+    try:
+        await ctx.client.live_record(ctx.bucket, ctx.key)
+    except NotFound:
+        raise S3Error("NoSuchKey", "The specified key does not exist.", 404) from None
+    return web.Response(body=doc("Tagging", el("TagSet", [])), content_type="application/xml")
 
 
 async def get_object_acl(ctx: S3Ctx) -> web.StreamResponse:

@@ -216,3 +216,26 @@ def test_a_bad_checksum_algorithm_or_type_at_create_is_invalid_request(
         resp = raw_request(gateway, "POST", f"/{bucket}/mpu/bad", "uploads=", headers=headers)
         assert (resp.status, resp.code) == (400, "InvalidRequest"), headers
     assert s3.list_multipart_uploads(Bucket=bucket, Prefix="mpu/bad").get("Uploads", []) == []
+
+
+def test_a_put_with_a_checksum_answers_its_type(s3: BaseClient, bucket: str) -> None:
+    """PutObject's answer names the checksum's type, as S3's does (boto3's ChecksumType
+    was None)."""
+    data = b"abc" * 1000
+    resp = s3.put_object(Bucket=bucket, Key="typed", Body=data, ChecksumAlgorithm="SHA256")
+    assert (resp["ChecksumSHA256"], resp["ChecksumType"]) == (b64("SHA256", data), "FULL_OBJECT")
+
+
+def test_a_put_naming_an_algorithm_s3_does_not_have_is_invalid(s3: BaseClient,
+                                                               bucket: str) -> None:
+    """x-amz-checksum-algorithm MD5 on a PutObject: 400 InvalidRequest, nothing stored (it
+    was stored, 200), as CreateMultipartUpload answers it."""
+    def naming_md5(request: Any, **_: Any) -> None:
+        request.headers["x-amz-checksum-algorithm"] = "MD5"
+    s3.meta.events.register("before-sign.s3.PutObject", naming_md5)
+    try:
+        assert client_error(lambda: s3.put_object(Bucket=bucket, Key="md5-named", Body=b"x")) \
+            == ("InvalidRequest", 400)
+    finally:
+        s3.meta.events.unregister("before-sign.s3.PutObject", naming_md5)
+    assert client_error(lambda: s3.head_object(Bucket=bucket, Key="md5-named")) == ("404", 404)

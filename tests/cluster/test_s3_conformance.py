@@ -433,3 +433,28 @@ def test_a_client_closing_its_connection_mid_get_leaves_no_traceback(
     assert "Error handling request" not in text and "Traceback" not in text, text
     assert s3.get_object(Bucket=bucket, Key="cut/big")["ContentLength"] == 12 * MiB
 
+
+
+def test_configuration_probes_say_nothing_is_set_and_setting_stays_not_implemented(
+        gateway: Gateway, s3: BaseClient, bucket: str) -> None:
+    """Tools probe a bucket's policy, lifecycle, CORS, encryption, tags and website, and an
+    object's tags: S3's answers for "none set" (they were 501 NotImplemented, which failed
+    s3fs's get_tags and such probes); setting any stays 501."""
+    s3.put_object(Bucket=bucket, Key="probe/k", Body=b"x")
+    for call, code in ((s3.get_bucket_policy, "NoSuchBucketPolicy"),
+                       (s3.get_bucket_lifecycle_configuration, "NoSuchLifecycleConfiguration"),
+                       (s3.get_bucket_cors, "NoSuchCORSConfiguration"),
+                       (s3.get_bucket_encryption,
+                        "ServerSideEncryptionConfigurationNotFoundError"),
+                       (s3.get_bucket_tagging, "NoSuchTagSet"),
+                       (s3.get_bucket_website, "NoSuchWebsiteConfiguration")):
+        assert client_error(lambda: call(Bucket=bucket)) == (code, 404), call
+        assert client_error(lambda: call(Bucket="no-such-bucket-probe"))[0] == "NoSuchBucket"
+    assert s3.get_object_tagging(Bucket=bucket, Key="probe/k")["TagSet"] == []
+    assert client_error(lambda: s3.get_object_tagging(Bucket=bucket, Key="probe/none")) \
+        == ("NoSuchKey", 404)
+    assert client_error(lambda: s3.put_object_tagging(
+        Bucket=bucket, Key="probe/k", Tagging={"TagSet": [{"Key": "a", "Value": "b"}]})) \
+        == ("NotImplemented", 501)
+    assert client_error(lambda: s3.put_bucket_policy(Bucket=bucket, Policy="{}")) \
+        == ("NotImplemented", 501)
