@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import os
 import threading
@@ -25,7 +26,15 @@ class SyncClient:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        self.client = Client.connect(cluster, **cache)
+        # the calls running now (other threads'): close() ends them with ClientClosed -
+        # stopping the loop under them left their threads waiting for ever
+        self._pending: set[concurrent.futures.Future[Any]] = set()
+        self._closing = False
+        try:
+            self.client = Client.connect(cluster, **cache)
+        except BaseException:     # a bad path or keyword: no loop thread left behind
+            self._stop_loop()
+            raise
 
     @property
     def read_stats(self) -> dict[str, int]:
@@ -34,24 +43,45 @@ class SyncClient:
         return self.client.read_stats
 
     def _run(self, coro: Awaitable[T]) -> T:
-        if self._loop.is_closed():
+        if self._loop.is_closed() or self._closing:
             if inspect.iscoroutine(coro):
                 coro.close()    # never awaited: no "coroutine was never awaited" warning
             raise ClientClosed("this SyncClient is closed: make a new one")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()  # type: ignore[arg-type]
+        fut: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(
+            coro, self._loop)  # type: ignore[arg-type]
+        self._pending.add(fut)
+        try:
+            return fut.result()
+        except concurrent.futures.CancelledError:
+            if self._closing:
+                raise ClientClosed("this SyncClient was closed while the call ran") from None
+            raise
+        finally:
+            self._pending.discard(fut)
 
     def close(self) -> None:
-        """Close the client and stop its loop thread; a second call does nothing."""
-        if self._loop.is_closed():
+        """Close the client and stop its loop thread; a second call does nothing. Calls
+        other threads are making meanwhile raise ClientClosed."""
+        if self._loop.is_closed() or self._closing:
             return
+        self._closing = True
+        for fut in list(self._pending):
+            fut.cancel()
         try:
-            self._run(self.client.close())
+            asyncio.run_coroutine_threadsafe(self.client.close(), self._loop).result()
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join()
-            self._loop.close()
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        for fut in list(self._pending):   # started while closing: ended all the same
+            fut.cancel()
+        self._loop.close()
 
     def __enter__(self) -> "SyncClient":
+        if self._loop.is_closed() or self._closing:
+            raise ClientClosed("this SyncClient is closed: make a new one")
         return self
 
     def __exit__(self, *exc: object) -> None:

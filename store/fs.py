@@ -179,6 +179,19 @@ def exception_since(before: BaseException | None) -> bool:
     return current is not None and current is not before
 
 
+class UnclosedTextDiscarded(io.TextIOWrapper):
+    """A text writer whose garbage collection, unclosed, throws the write away (the binary
+    writer's own rule: ECStoreWriteFile.__del__) instead of closing - committing - it."""
+
+    def __del__(self) -> None:
+        if self.closed:
+            return
+        with contextlib.suppress(Exception):
+            self.flush()        # what was written goes to the binary writer, uncommitted
+        with contextlib.suppress(Exception):
+            self.detach()       # which, dropped, discards with its ResourceWarning
+
+
 # ---- the filesystem --------------------------------------------------------------------------
 class ECStoreFileSystem(AsyncFileSystem):  # type: ignore[misc]
     """fsspec filesystem for ecstore://bucket/key.
@@ -467,6 +480,16 @@ class ECStoreFileSystem(AsyncFileSystem):  # type: ignore[misc]
                     yield bytes(part)
         await self._put_object(path2, chunks(), md5, content_type=rec.get("content_type"),
                                meta=rec.get("meta"))
+
+    def open(self, path: str, mode: str = "rb", *args: Any, **kwargs: Any) -> Any:
+        """fsspec's open; a text-mode writer is an UnclosedTextDiscarded: dropped unclosed
+        (an exception left the writing function), it discards as a binary writer does -
+        io.TextIOWrapper's own finalizer closed it, and the partial object was committed."""
+        if "b" in mode or "r" in mode or args:
+            return super().open(path, mode, *args, **kwargs)
+        text = {k: kwargs.pop(k) for k in ("encoding", "errors", "newline") if k in kwargs}
+        binary = super().open(path, mode.replace("t", "") + "b", **kwargs)
+        return UnclosedTextDiscarded(binary, **text)
 
     def _open(self, path: str, mode: str = "rb", block_size: int | None = None,
               autocommit: bool = True, cache_options: dict[str, Any] | None = None,

@@ -160,3 +160,44 @@ def test_a_closed_sync_client_says_so_instead_of_hanging(cluster: LocalCluster) 
     assert not t.is_alive(), "SyncClient hung after close"
     assert len(outcome) == 2 and isinstance(outcome[0], ClientClosed), outcome
     assert "closed" in str(outcome[0])
+
+
+def test_closing_a_sync_client_ends_the_calls_other_threads_are_making(
+        cluster: LocalCluster) -> None:
+    """close() while another thread is in a call (a data loader's worker reading): that
+    call raises ClientClosed - close stopped the loop under it, and the thread waited for
+    ever. A failed constructor leaves no loop thread; `with` on a closed client raises."""
+    import os
+
+    from store.client import SyncClient
+    from store.errors import ClientClosed, EcstoreError
+    c = SyncClient(cluster.path)
+    c.create_bucket("closing")
+    c.put("closing", "big", os.urandom(24 * 1024 * 1024))
+    started, outcome = threading.Event(), []
+
+    def reader() -> None:
+        started.set()
+        try:
+            for _ in range(50):     # bounded: one of them is running when close() comes
+                c.get("closing", "big")
+            outcome.append("all read")
+        except ClientClosed as exc:
+            outcome.append(exc)
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    started.wait(10)
+    import time
+    time.sleep(0.3)
+    c.close()
+    t.join(30)
+    assert not t.is_alive(), "a call in another thread hung after close()"
+    assert len(outcome) == 1 and isinstance(outcome[0], ClientClosed), outcome
+    with pytest.raises(ClientClosed):
+        with c:
+            pass
+    threads = threading.active_count()
+    for _ in range(3):
+        with pytest.raises((EcstoreError, OSError, TypeError)):
+            SyncClient(cluster.dir / "no-such-cluster.json")
+    assert threading.active_count() == threads     # no loop thread left per failed attempt

@@ -384,6 +384,22 @@ def test_a_write_that_raises_leaves_nothing_visible(fs: ECStoreFileSystem, so: d
     with pytest.warns(ResourceWarning, match="never closed"):
         del unclosed
         gc.collect()
+
+    # a text writer dropped unclosed when an exception left the function writing it: the
+    # TextIOWrapper's own finalizer closed - committed - the rows written so far
+    def rows() -> None:
+        t = fs.open(f"{BUCKET}/broken/text-dropped.csv", "w")
+        for i in range(10):
+            if i == 5:
+                raise RuntimeError("the row source fails")
+            t.write(f"row {i}\n")
+    with pytest.warns(ResourceWarning, match="never closed"):
+        with pytest.raises(RuntimeError):
+            rows()
+        gc.collect()
+    with fs.open(f"{BUCKET}/text-ok.csv", "w", newline="\r\n") as t:   # closed: committed
+        t.write("a\nb\n")
+    assert fs.cat(f"{BUCKET}/text-ok.csv") == b"a\r\nb\r\n"
     assert not fs.exists(f"{BUCKET}/broken")
     assert fs.find(f"{BUCKET}/broken") == []
     # a put that fails (no such bucket) raises from write or close, and commits nothing
