@@ -16,6 +16,7 @@ from placement.cluster_map import ClusterMap
 from placement.nodes import Node
 from placement.policy import Policy
 from store.cache import SegmentCache
+from store.cache import log as cache_log
 from store.cluster import ClusterInfo
 from store.errors import (
     BadRequest,
@@ -134,9 +135,24 @@ class ClientBase(LoopBound):
         self._refusing: dict[str, tuple[float, EcstoreError]] = {}
         cache_dir = cache_dir or os.environ.get("ECSTORE_CACHE_DIR") or None
         if cache_max_bytes is None:
-            cache_max_bytes = int(float(os.environ.get("ECSTORE_CACHE_MAX_MB") or
-                                        DEFAULT_CACHE_MAX_MB) * 2**20)
-        self.cache = SegmentCache(cache_dir, cache_max_bytes) if cache_dir else None
+            raw = os.environ.get("ECSTORE_CACHE_MAX_MB") or str(DEFAULT_CACHE_MAX_MB)
+            try:
+                cache_max_bytes = int(float(raw) * 2**20)
+                if not cache_max_bytes > 0:
+                    raise ValueError
+            except (ValueError, OverflowError):   # it said "could not convert string to float"
+                raise BadRequest(f"ECSTORE_CACHE_MAX_MB={raw[:40]!r}: expected a positive "
+                                 "number of MiB") from None
+        self.cache = None
+        if cache_dir:
+            try:
+                self.cache = SegmentCache(cache_dir, cache_max_bytes)
+            except OSError as exc:
+                # as the README says: a cache directory this process may not write (another
+                # user's, a read-only or full disk) makes misses, never errors - it raised
+                # from the constructor, and every CLI command failed as "internal error"
+                cache_log.warning("segment cache %s cannot be used (%s): reading from the cluster "
+                            "instead", cache_dir, exc.strerror or exc)
         self._segment_fetches: dict[str, asyncio.Future[bytes | memoryview]] = {}  # coalescing
         self._last_segment: OrderedDict[str, int] = OrderedDict()  # version -> last read
         self._prefetches = 0
