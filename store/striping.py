@@ -1,11 +1,12 @@
 """Pure arithmetic of segments and byte ranges, and the read plan of a segment."""
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from store.errors import RangeNotSatisfiable
+from store.errors import BadRequest, RangeNotSatisfiable
 
 
 @dataclass(frozen=True)
@@ -24,8 +25,15 @@ def segment_count(size: int, segment_size: int) -> int:
 def resolve_range(size: int, start: int | None, end: int | None) -> tuple[int, int]:
     """Turn an inclusive byte range (either end optional, like HTTP) into [lo, hi).
 
-    start=None, end=N means the last N bytes. Raises RangeNotSatisfiable.
+    start=None, end=N means the last N bytes. Raises RangeNotSatisfiable; BadRequest for
+    an end that is not a whole number (a float read as fragments of "segment 0.0" that no
+    node holds: Unavailable, which a data loader retries).
     """
+    for name, v in (("start", start), ("end", end)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral)):
+            raise BadRequest(f"range {name} must be a whole number of bytes, got {v!r}")
+    start = None if start is None else int(start)    # numpy's integers too
+    end = None if end is None else int(end)
     if start is None and end is None:
         return 0, size
     if start is None:

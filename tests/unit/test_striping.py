@@ -70,3 +70,16 @@ def test_one_segment_of_bytes_is_not_copied() -> None:
         return [s async for s in _segments(source, 4096)][0]
     assert asyncio.run(first(body)) is body
     assert asyncio.run(first(mutable)) is not mutable
+
+
+def test_a_range_of_anything_but_whole_numbers_is_a_bad_request() -> None:
+    """A float start read as fragments of "segment 0.0", none of which any node has: the
+    get failed Unavailable (retried by loaders) after six pointless GETs."""
+    import numpy as np
+
+    from store.errors import BadRequest
+    for start, end in ((0.0, 100), (0, 100.0), (True, 5), ("0", 5), (0, 1.5)):
+        with pytest.raises(BadRequest, match="whole number"):
+            resolve_range(1000, start, end)  # type: ignore[arg-type]
+    assert resolve_range(1000, np.int64(10), np.int32(19)) == (10, 20)
+    assert resolve_range(1000, None, 10) == (990, 1000)
