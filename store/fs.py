@@ -357,7 +357,14 @@ class ECStoreFileSystem(AsyncFileSystem):  # type: ignore[misc]
     async def _record(self, path: str) -> dict[str, Any]:
         bucket, key = split_path(path)
         if not key:
-            raise IsADirectoryError(errno.EISDIR, "a bucket is a directory", path)
+            # a path with no key ("ecstore://data.csv": the bucket left out): say so, and
+            # say there is no such bucket when there is none (it said "a bucket is a
+            # directory" of a bucket that did not exist)
+            if not await self._exists(bucket):
+                raise FileNotFoundError(errno.ENOENT, "no such bucket (a path is "
+                                        "BUCKET/KEY: is the bucket left out?)", path)
+            raise IsADirectoryError(errno.EISDIR, "a bucket is a directory (a path is "
+                                    "BUCKET/KEY)", path)
         c = await self._client()
         with _mapped(path, reading=True):
             try:
@@ -432,7 +439,8 @@ class ECStoreFileSystem(AsyncFileSystem):  # type: ignore[misc]
         digest, taken once every byte is read (S3 readers see an MD5 ETag, as for their own)."""
         bucket, key = split_path(path)
         if not key:
-            raise IsADirectoryError(errno.EISDIR, "cannot write a bucket", path)
+            raise IsADirectoryError(errno.EISDIR, "cannot write a bucket (a path is "
+                                    "BUCKET/KEY: is the bucket left out?)", path)
         c = await self._client()
         with _mapped(path):
             return await c.put(bucket, key, source, content_type=kwargs.get("content_type")
@@ -691,7 +699,8 @@ class ECStoreWriteFile(AbstractBufferedFile):  # type: ignore[misc]
                  content_type: str | None = None, meta: dict[str, str] | None = None,
                  **kwargs: Any) -> None:
         if not split_path(path)[1]:
-            raise IsADirectoryError(errno.EISDIR, "cannot write a bucket", path)
+            raise IsADirectoryError(errno.EISDIR, "cannot write a bucket (a path is "
+                                    "BUCKET/KEY: is the bucket left out?)", path)
         super().__init__(fs, path, "wb", block_size, **kwargs)
         self.put_options = {"content_type": content_type, "meta": meta}
         self.object_info: ObjectInfo | None = None

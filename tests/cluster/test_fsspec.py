@@ -282,6 +282,12 @@ def test_rm_deletes_files_prefixes_and_empty_buckets(fs: ECStoreFileSystem) -> N
         fs.rm(f"{b}/tree/a.txt")
     with pytest.raises(IsADirectoryError):
         fs.rm(f"{b}/tree/sub")
+    # a path with the bucket left out ("ecstore://data.csv"): no such bucket, not "a
+    # bucket is a directory"; a bucket that exists, opened as a file, is one
+    with pytest.raises(FileNotFoundError, match="no such bucket"):
+        fs.open("fsspec-no-such-bucket-x", "rb")
+    with pytest.raises(IsADirectoryError):
+        fs.open(b, "rb")
     with pytest.raises(ValueError, match="root"):
         fs.rm("ecstore://", recursive=True)
     fs.rm(f"{b}/tree/sub", recursive=True)
