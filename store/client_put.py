@@ -9,7 +9,7 @@ import contextlib
 import functools
 import os
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, BinaryIO, Callable
 
 from placement.cluster_map import ClusterMap
@@ -50,7 +50,8 @@ INTENT_TTL_S = 120.0           # ... each telling good for this long
 VERIFY_PARALLEL = 32           # fragment HEADs in flight for that check
 MAX_USER_META_BYTES = 2048
 Source = (bytes | bytearray | memoryview | str | os.PathLike[str] | BinaryIO
-          | AsyncIterator[bytes] | AsyncIterator[bytes | memoryview])
+          | AsyncIterator[bytes] | AsyncIterator[bytes | memoryview]
+          | Iterable[bytes] | Iterable[bytes | memoryview])
 
 
 class PutPath(ClientBase):
@@ -525,6 +526,14 @@ async def _segments(source: Source, size: int) -> AsyncIterator[bytes]:
             yield block
             if len(block) < size:
                 return
+    if not hasattr(source, "__aiter__"):
+        if not hasattr(source, "__iter__"):
+            raise TypeError(f"put source: expected bytes, a path, a binary file or an "
+                            f"(async) iterator of bytes, got {type(source).__name__}")
+        # a sync iterator of bytes (a generator, a list of chunks): each item taken in a
+        # thread, as a file's blocks are - it said "'async for' requires an object with
+        # __aiter__ method", and a SyncClient user had no way to stream one
+        source = _from_sync(source)
     # chunks are kept as they come and joined once per segment: between segments (while a
     # put waits for a slot) only the tail of one chunk stays held. (A bytearray buffer kept
     # its whole capacity for the life of the put: 64 waiting puts held ~0.5 GiB.)
@@ -532,6 +541,9 @@ async def _segments(source: Source, size: int) -> AsyncIterator[bytes]:
     parts: builtins.list[bytes] = []
     have = 0
     async for chunk in source:  # type: ignore[union-attr]
+        if isinstance(chunk, str):
+            raise TypeError("put source: an iterator of str, not bytes (encode it, or open "
+                            "the file in binary mode)")
         if chunk:
             parts.append(bytes(chunk))
             have += len(chunk)
@@ -550,10 +562,19 @@ async def _segments(source: Source, size: int) -> AsyncIterator[bytes]:
         yield b"".join(parts)
 
 
+async def _from_sync(items: Any) -> AsyncIterator[bytes]:
+    loop = asyncio.get_running_loop()
+    it, end = iter(items), object()
+    while (chunk := await loop.run_in_executor(None, next, it, end)) is not end:
+        yield chunk  # type: ignore[misc]
+
+
 def _read_exact(f: BinaryIO, size: int) -> bytes:
     parts, got = [], 0
     while got < size:
         b = f.read(size - got)
+        if isinstance(b, str):   # it failed in join: "sequence item 0: expected a bytes-like"
+            raise TypeError("put source: a file opened in text mode; open it with 'rb'")
         if not b:
             break
         parts.append(b)

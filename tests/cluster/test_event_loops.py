@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from pathlib import Path
 
 import pytest
 import uvloop
@@ -201,3 +202,32 @@ def test_closing_a_sync_client_ends_the_calls_other_threads_are_making(
         with pytest.raises((EcstoreError, OSError, TypeError)):
             SyncClient(cluster.dir / "no-such-cluster.json")
     assert threading.active_count() == threads     # no loop thread left per failed attempt
+
+
+def test_put_takes_sync_iterators_and_says_what_it_cannot_take(cluster: LocalCluster,
+                                                               tmp_path: Path) -> None:
+    """A generator or a list of byte chunks streams (it failed: "'async for' requires an
+    object with __aiter__"); a text-mode file, str chunks or another type is a TypeError
+    saying so, and nothing is stored."""
+    import os
+
+    from store.client import SyncClient
+    from store.errors import NotFound
+    big = os.urandom(9 * 1024 * 1024 + 7)        # more than two 4 MiB segments
+    with SyncClient(cluster.path) as c:
+        c.create_bucket("sources")
+        c.put("sources", "gen", (big[i:i + 1_000_000] for i in range(0, len(big), 1_000_000)))
+        assert c.get("sources", "gen") == big
+        c.put("sources", "list", [b"ab", b"", b"cd"])
+        assert c.get("sources", "list") == b"abcd"
+        text = tmp_path / "t.txt"
+        text.write_text("hello")
+        with open(text) as f, pytest.raises(TypeError, match="text mode"):
+            c.put("sources", "text", f)
+        with pytest.raises(TypeError, match="iterator of str"):
+            c.put("sources", "strs", iter(["a", "b"]))
+        with pytest.raises(TypeError, match="expected bytes, a path"):
+            c.put("sources", "int", 42)
+        for key in ("text", "strs", "int"):
+            with pytest.raises(NotFound):
+                c.head("sources", key)

@@ -193,7 +193,7 @@ def test_a_header_caused_not_implemented_names_the_header(gateway: Gateway, buck
 
 
 def test_a_subresource_not_implemented_names_no_header(gateway: Gateway, bucket: str) -> None:
-    resp = raw_request(gateway, "GET", f"/{bucket}", "lifecycle=")
+    resp = raw_request(gateway, "GET", f"/{bucket}", "replication=")
     assert (resp.status, resp.code) == (501, "NotImplemented")
     assert ET.fromstring(resp.body).find("Header") is None
 
