@@ -1,6 +1,7 @@
 """S3 errors: a code, an HTTP status and a message, rendered as S3's XML error body."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from xml.sax.saxutils import escape
 
 from store.errors import (
@@ -42,6 +43,16 @@ def not_implemented(message: str, header: str | None = None) -> S3Error:
 
 def access_denied(message: str = "Access Denied") -> S3Error:
     return S3Error("AccessDenied", message, 403)
+
+
+def require_length(headers: Mapping[str, str]) -> None:
+    """An object or part upload without Content-Length (and not chunked): S3's 411. It
+    was read as an empty body - a client that meant to send bytes got 200 and an empty
+    object."""
+    if "Content-Length" in headers or "chunked" in headers.get("Transfer-Encoding", "").lower():
+        return
+    raise S3Error("MissingContentLength", "You must provide the Content-Length HTTP header.",
+                  411)
 
 
 def bad_digest(message: str) -> S3Error:

@@ -15,7 +15,7 @@ from aiohttp import web
 from node.metrics import CUT_SHORT
 from node.s3.body import DIGEST_BYTES, BodyReader
 from node.s3.context import Md5Stream, S3Ctx, access_denied, bucket_owner, canned_acl
-from node.s3.errors import S3Error, not_implemented, to_s3_error
+from node.s3.errors import S3Error, not_implemented, require_length, to_s3_error
 from node.s3.xml import child_text, doc, el, escape, http_date, iso8601, owner_xml, parse
 from store.client import MAX_USER_META_BYTES, Client, user_meta_bytes
 from store.errors import EcstoreError, NotFound, RangeNotSatisfiable
@@ -429,6 +429,7 @@ async def put_object(ctx: S3Ctx) -> web.StreamResponse:
     meta = user_meta(ctx.headers)
     keep = stored_headers(ctx.headers)
     cls = storage_class(ctx.headers)
+    require_length(ctx.headers)
     await check_write_conditions(ctx)   # before the body is read: fail fast
     body = BodyReader(ctx.content, ctx.headers, ctx.auth, ctx.gw.config.max_object_bytes)
     conditional = "If-None-Match" in ctx.headers or "If-Match" in ctx.headers

@@ -14,7 +14,7 @@ from node.s3 import checksums as sums
 from node.s3.body import CHECKSUM_HEADERS, DIGEST_BYTES, BodyReader
 from node.s3.buckets import xml_response
 from node.s3.context import Md5Stream, S3Ctx, bucket_owner, canned_acl
-from node.s3.errors import S3Error
+from node.s3.errors import S3Error, require_length
 from node.s3.objects import (
     check_write_conditions,
     checksum_elements,
@@ -86,6 +86,7 @@ async def upload_part(ctx: S3Ctx) -> web.StreamResponse:
     checksum = sums.of_upload(await _upload(ctx))
     if "x-amz-copy-source" in ctx.headers:
         return await _upload_part_copy(ctx, number, checksum)
+    require_length(ctx.headers)
     body = BodyReader(ctx.content, ctx.headers, ctx.auth, ctx.gw.config.max_object_bytes,
                       compute=checksum.algorithm if checksum else None)
     sums.check_part(checksum, body.plan.checksum_algorithm)

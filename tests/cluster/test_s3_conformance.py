@@ -458,3 +458,27 @@ def test_configuration_probes_say_nothing_is_set_and_setting_stays_not_implement
         == ("NotImplemented", 501)
     assert client_error(lambda: s3.put_bucket_policy(Bucket=bucket, Policy="{}")) \
         == ("NotImplemented", 501)
+
+
+def test_an_upload_without_content_length_is_411_and_stores_nothing(
+        gateway: Gateway, s3: BaseClient, bucket: str) -> None:
+    """A PUT of an object without Content-Length (and not chunked) was read as an empty
+    body: 200, an empty object where the client meant to send bytes. S3 answers 411."""
+    import http.client
+    from urllib.parse import urlsplit
+    url = f"{gateway.url}/{bucket}/nolength"
+    headers = sign(gateway, "PUT", url, b"")
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(str(parts.hostname), parts.port, timeout=30)
+    try:
+        conn.putrequest("PUT", parts.path)
+        for name, value in headers.items():
+            conn.putheader(name, value)
+        conn.endheaders()
+        resp = conn.getresponse()
+        body = resp.read()
+    finally:
+        conn.close()
+    assert resp.status == 411 and b"MissingContentLength" in body, (resp.status, body)
+    assert client_error(lambda: s3.head_object(Bucket=bucket, Key="nolength")) == ("404", 404)
+    assert raw_request(gateway, "PUT", f"/{bucket}/withlength", body=b"").status == 200
