@@ -77,6 +77,8 @@ READS_IN_FLIGHT = 4                   # ranged gets a rank runs at once
 MAX_RANGE_BYTES = 64 << 20            # coalesced reads stop growing here (an item may be larger)
 MAX_GAP_BYTES = 1 << 20               # needed items this close in one object are read as one range
 DELETES_IN_FLIGHT = 16
+FAILED_SAVE_AFTER_S = 3600.0           # prune: an incomplete generation this old (and older than
+                                      # the newest commit) is a failed save, not one in flight
 T = TypeVar("T")
 Cluster = str | os.PathLike[str] | ClusterInfo | None
 
@@ -192,11 +194,16 @@ def group_generations(entries: Sequence[ListEntry], prefix: str) -> list[Generat
     return sorted(gens, key=lambda g: (g.committed_ns or g.newest_ns, g.name))
 
 
-def choose_prune(gens: Sequence[Generation], latest: str | None, keep: int) -> list[str]:
+def choose_prune(gens: Sequence[Generation], latest: str | None, keep: int,
+                 now_ns: int | None = None,
+                 failed_after_s: float = FAILED_SAVE_AFTER_S) -> list[str]:
     """Generations to delete so that the `keep` newest complete ones remain (always
     including the one `latest` names), plus incomplete ones whose every object is older
-    than the newest commit: saves that failed. An incomplete generation written since then
-    may be a save in flight and is left alone; so is anything under PREFIX/NAME/ that is
+    than the newest commit and than `failed_after_s`: saves that failed. An incomplete
+    generation written since either may be a save in flight and is left alone (another
+    save committing - an evaluation snapshot with update_latest=False - while one rank was
+    still writing made a save in flight look failed: prune deleted its finished ranks'
+    shards); so is anything under PREFIX/NAME/ that is
     not only shard objects - another job's checkpoints under a longer prefix (their own
     generations and `latest`), or objects of anyone's: prune deletes only what saves made."""
     assert keep >= 1
@@ -204,8 +211,10 @@ def choose_prune(gens: Sequence[Generation], latest: str | None, keep: int) -> l
     kept = {g.name for g in complete[-keep:]} | ({latest} if latest else set())
     newest_commit = max((g.committed_ns or 0 for g in complete), default=0)
     doomed = [g.name for g in complete if g.name not in kept and g.shards_only]
+    before = min(newest_commit, (time.time_ns() if now_ns is None else now_ns)
+                 - int(failed_after_s * 1e9))
     doomed += [g.name for g in gens if not g.complete and g.shards_only
-               and g.newest_ns < newest_commit and g.name != latest]
+               and g.newest_ns < before and g.name != latest]
     return doomed
 
 
@@ -471,9 +480,28 @@ class EcstoreWriter(_Storage, StorageWriter):
         metadata.version = DCP_VERSION
         metadata.storage_data = {r.index: r.storage_data for rs in results for r in rs}
         metadata.storage_meta = self.storage_meta()
-        self._io.run(self._commit(self.generation, pickle.dumps(metadata)))
+        shards = [info.relative_path for info in metadata.storage_data.values()]
+        self._io.run(self._commit(self.generation, pickle.dumps(metadata), shards))
 
-    async def _commit(self, gen: str, blob: bytes) -> None:
+    async def _commit(self, gen: str, blob: bytes, shards: Sequence[str] = ()) -> None:
+        # every shard object the metadata names must still be there: a prune run while a
+        # slow rank still wrote took this generation for a failed save and deleted the
+        # finished ranks' shards, and this commit made it `latest`, unloadable
+        sem = asyncio.Semaphore(32)
+
+        async def there(name: str) -> str | None:
+            async with sem:
+                try:
+                    await self.client.head(self.bucket, self.key(gen, name))
+                    return None
+                except NotFound:
+                    return name
+        gone = [n for n in await _gather(*(there(n) for n in sorted(set(shards)))) if n]
+        if gone:
+            raise NotFound(f"{len(gone)} shard objects of {gen} are gone ({', '.join(gone[:3])}"
+                           f"{', ...' if len(gone) > 3 else ''}): deleted while the save ran "
+                           "(a prune took it for a failed one?) - not committed; save again "
+                           "under a new name")
         await self.client.put(self.bucket, self.key(gen, METADATA_NAME), blob)
         if self.update_latest:
             pointer = {"generation": gen, "save_id": self.save_id, "committed_ns": time.time_ns()}
@@ -833,13 +861,18 @@ async def delete_generation(client: Client, bucket: str, prefix: str, generation
     return deleted + await delete_prefix(client, bucket, join_key(prefix, generation) + "/")
 
 
-async def prune_generations(client: Client, bucket: str, prefix: str, keep: int) -> list[str]:
+async def prune_generations(client: Client, bucket: str, prefix: str, keep: int,
+                            failed_after_s: float = FAILED_SAVE_AFTER_S) -> list[str]:
     """Delete all but the `keep` newest complete generations (and failed saves older than
-    the newest commit; see choose_prune). Returns the names deleted."""
+    the newest commit and than `failed_after_s`; see choose_prune). Returns the names
+    deleted."""
     if keep < 1:
         raise BadRequest("keep must be at least 1")
+    if not failed_after_s >= 0:
+        raise BadRequest("failed_after_s must be a number of seconds, 0 or more")
     latest = await read_latest(client, bucket, prefix)
-    doomed = choose_prune(await list_generations(client, bucket, prefix), latest, keep)
+    doomed = choose_prune(await list_generations(client, bucket, prefix), latest, keep,
+                          failed_after_s=failed_after_s)
     for gen in doomed:  # one at a time: each is already a bulk delete
         await delete_generation(client, bucket, prefix, gen)
     return doomed
@@ -857,8 +890,9 @@ class Checkpoints(_Connected):
     def delete(self, generation: str) -> int:
         return self._io.run(delete_generation(self.client, self.bucket, self.prefix, generation))
 
-    def prune(self, keep: int) -> list[str]:
-        return self._io.run(prune_generations(self.client, self.bucket, self.prefix, keep))
+    def prune(self, keep: int, failed_after_s: float = FAILED_SAVE_AFTER_S) -> list[str]:
+        return self._io.run(prune_generations(self.client, self.bucket, self.prefix, keep,
+                                              failed_after_s))
 
 
 __all__ = ["EcstoreWriter", "EcstoreReader", "Checkpoints", "Generation", "ReadStats",

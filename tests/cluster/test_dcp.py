@@ -325,8 +325,11 @@ def test_prune_removes_every_object_of_old_generations(
         ranks: dict[int, dict[str, Any]], checkpoints: Checkpoints, client: SyncClient) -> None:
     assert [g.name for g in checkpoints.generations()] == ["g1", "g2", "g3", "g4"]
     assert _keys(client, f"{PREFIX}/g1/") and _keys(client, f"{PREFIX}/g2/")
-    # g4 failed after g3's commit: it could be a save in flight, so prune leaves it
-    assert checkpoints.prune(keep=1) == ["g1", "g2"]
+    # g4 failed after g3's commit: it could be a save in flight, so prune leaves it; g2
+    # failed before it, but not an hour ago (a save in flight looks the same while a slow
+    # rank writes and another save commits): left too, until failed_after_s says
+    assert checkpoints.prune(keep=1) == ["g1"]
+    assert checkpoints.prune(keep=1, failed_after_s=0) == ["g2"]
     assert _keys(client, f"{PREFIX}/g1/") == [] and _keys(client, f"{PREFIX}/g2/") == []
     assert [g.name for g in checkpoints.generations()] == ["g3", "g4"]
     with pytest.raises(Conflict):
@@ -412,6 +415,32 @@ def test_writers_and_readers_dropped_without_close_free_their_threads(
         gc.collect()
         time.sleep(0.1)
     assert _dcp_threads() == before
+
+
+def test_a_save_whose_shards_were_deleted_meanwhile_is_not_committed(
+        cluster: LocalCluster, client: SyncClient) -> None:
+    """A prune that took a save in flight for a failed one deleted its finished ranks'
+    shards, and the save's commit then made it `latest`, every load failing NotFound. The
+    commit checks its shards are there: it fails, nothing committed, latest unchanged."""
+    client.create_bucket("ckpt-gone")
+    with EcstoreWriter(cluster.path, "ckpt-gone", "p", "step-1") as writer:
+        dcp.save({"w": torch.ones(4)}, storage_writer=writer, no_dist=True)
+
+    class Pruned(EcstoreWriter):
+        def finish(self, metadata: Any, results: Any) -> None:
+            for o in client.list("ckpt-gone", prefix="p/step-2/").objects:
+                client.delete("ckpt-gone", o.key)     # as such a prune did
+            super().finish(metadata, results)
+    with Pruned(cluster.path, "ckpt-gone", "p", "step-2") as writer:
+        with pytest.raises(CheckpointException, match="are gone"):
+            dcp.save({"w": torch.zeros(4)}, storage_writer=writer, no_dist=True)
+    with Checkpoints(cluster.path, "ckpt-gone", "p") as ck:
+        assert ck.latest() == "step-1"
+        assert [(g.name, g.complete) for g in ck.generations()] == [("step-1", True)]
+    state = {"w": torch.zeros(4)}
+    with EcstoreReader(cluster.path, "ckpt-gone", "p") as reader:
+        dcp.load(state, storage_reader=reader, no_dist=True)
+    assert torch.equal(state["w"], torch.ones(4))
 
 
 def test_a_save_whose_serialization_fails_commits_nothing(cluster: LocalCluster, client: SyncClient) -> None:
@@ -507,6 +536,10 @@ def test_generations_group_a_listing_and_prune_keeps_latest_and_saves_in_flight(
     assert choose_prune(gens, "c", keep=1) == ["a", "cd", "b"]
     assert choose_prune(gens, "a", keep=1) == ["cd", "b"]   # latest is kept whatever its age
     assert choose_prune(gens, "c", keep=5) == ["b"]         # d is newer than every commit
+    # b is older than the newest commit but younger than failed_after_s: maybe in flight
+    two_s_later = 6 + 2_000_000_000        # b's newest object at 6 ns
+    assert choose_prune(gens, "c", keep=5, now_ns=two_s_later, failed_after_s=5) == []
+    assert choose_prune(gens, "c", keep=5, now_ns=two_s_later, failed_after_s=1) == ["b"]
     names = [new_generation_name(t, "ab12cd") for t in (1_700_000_000_000_000_000, 1_700_000_000_000_001_000,
                                                          1_800_000_000_000_000_000)]
     assert names == sorted(names) and names[0] == "20231114T221320.000000Z-ab12cd"
