@@ -27,6 +27,7 @@ import bisect
 import concurrent.futures
 import contextlib
 import dataclasses
+import inspect
 import io
 import itertools
 import json
@@ -62,7 +63,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from store.client import Client
 from store.cluster import ClusterInfo
-from store.errors import BadRequest, Conflict, NotFound
+from store.errors import BadRequest, ClientClosed, Conflict, NotFound
 from store.listing import ListEntry
 from store.names import check_key
 
@@ -241,6 +242,12 @@ class _Loop:
         weakref.finalize(self, _shut_down, self.loop, self.client)
 
     def submit(self, aw: Awaitable[T]) -> concurrent.futures.Future[T]:
+        if self.loop.is_closed() or not self.thread.is_alive():
+            if inspect.iscoroutine(aw):
+                aw.close()      # never awaited: no "coroutine was never awaited" warning
+            # it raised RuntimeError('Event loop is closed') from inside DCP
+            raise ClientClosed("this ecstore checkpoint writer, reader or Checkpoints is "
+                               "closed: make a new one")
         return asyncio.run_coroutine_threadsafe(_await(aw), self.loop)
 
     def run(self, aw: Awaitable[T]) -> T:
@@ -659,9 +666,9 @@ class EcstoreReader(_Storage, StorageReader):
         self.generation = self._fixed
         self.load_id = str(uuid.uuid4())
 
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        if kwargs.get("rank") is not None:
-            raise NotFound("ecstore checkpoints have one global .metadata, no per-rank ones")
+    def read_metadata(self, *args: Any) -> Metadata:
+        # no **kwargs: torch then tries no per-rank metadata after a failed read (there is
+        # none here), which logged a second traceback per rank and buried this error
         self.generation = self._fixed or self._io.run(read_latest(self.client, self.bucket, self.prefix))
         if self.generation is None:
             raise NotFound(f"no complete checkpoint under {self.url(None)} (no {LATEST_NAME})")
@@ -809,10 +816,13 @@ def _apply(item: ReadItem, data: _PartsFile, planner: LoadPlanner) -> None:
 
 # ---- generations -----------------------------------------------------------------------------
 async def read_latest(client: Client, bucket: str, prefix: str) -> str | None:
-    """The generation PREFIX/latest names, or None if there is none yet."""
+    """The generation PREFIX/latest names, or None if there is none yet; NotFound if the
+    bucket does not exist (a misspelled one read as a run never saved: a restart script
+    `if latest() is None: start over` started over)."""
     try:
         blob = await client.get(bucket, join_key(prefix, LATEST_NAME))
     except NotFound:
+        await client.bucket_record(bucket)      # NotFound: no such bucket
         return None
     return check_generation(str(json.loads(blob)["generation"]))
 

@@ -443,6 +443,33 @@ def test_a_save_whose_shards_were_deleted_meanwhile_is_not_committed(
     assert torch.equal(state["w"], torch.ones(4))
 
 
+def test_a_misspelled_bucket_or_a_closed_handle_says_so(cluster: LocalCluster,
+                                                       client: SyncClient) -> None:
+    """latest() of a bucket that does not exist is NotFound (it was None: a restart
+    script started training over); a writer, reader or Checkpoints used after close()
+    raises ClientClosed (it was RuntimeError('Event loop is closed') and never-awaited
+    coroutine warnings)."""
+    import warnings
+
+    from store.errors import ClientClosed, NotFound
+    with Checkpoints(cluster.path, "ckpt-no-such-bucket", "p") as ck:
+        with pytest.raises(NotFound, match="no such bucket"):
+            ck.latest()
+    client.create_bucket("ckpt-closed")
+    with Checkpoints(cluster.path, "ckpt-closed", "p") as ck:
+        assert ck.latest() is None                  # a bucket with no save yet
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)   # no never-awaited coroutine
+        with pytest.raises(ClientClosed):
+            ck.latest()
+        writer = EcstoreWriter(cluster.path, "ckpt-closed", "p", "g")
+        writer.close()
+        with pytest.raises(CheckpointException, match="closed"):
+            dcp.save({"w": torch.ones(2)}, storage_writer=writer, no_dist=True)
+        gc.collect()
+    assert client.list("ckpt-closed").objects == []
+
+
 def test_a_save_whose_serialization_fails_commits_nothing(cluster: LocalCluster, client: SyncClient) -> None:
     client.create_bucket("ckpt-bad")
     state = {"w": torch.ones(3 << 20), "bad": lambda: 0}  # the lambda cannot be pickled
