@@ -66,6 +66,7 @@ from store.cluster import ClusterInfo
 from store.errors import BadRequest, ClientClosed, Conflict, NotFound
 from store.listing import ListEntry
 from store.names import check_key
+from store.transport import retrieved
 
 METADATA_NAME = ".metadata"
 LATEST_NAME = "latest"
@@ -739,6 +740,9 @@ class EcstoreReader(_Storage, StorageReader):
         key = self.key(self.generation, r.name)
         if key not in records:
             records[key] = asyncio.ensure_future(self.client.live_record(self.bucket, key))
+            # a lookup whose readers were cancelled after another read failed logged "Task
+            # exception was never retrieved" at collection: its error is the load's anyway
+            records[key].add_done_callback(retrieved)
         record = await asyncio.shield(records[key])
         self.stats.range_gets += 1
         self.stats.bytes_requested += r.stop - r.start

@@ -470,6 +470,30 @@ def test_a_misspelled_bucket_or_a_closed_handle_says_so(cluster: LocalCluster,
     assert client.list("ckpt-closed").objects == []
 
 
+def test_a_load_missing_its_shards_fails_once_and_logs_no_stray_task_errors(
+        cluster: LocalCluster, client: SyncClient, caplog: pytest.LogCaptureFixture) -> None:
+    """Every shard object deleted under a complete generation: the load fails (NotFound),
+    and the record lookups of the other objects, left when the first failure ended the
+    load, no longer log "Task exception was never retrieved" when collected."""
+    import logging
+    client.create_bucket("ckpt-holes")
+    state = {f"t{i}": torch.full((1000,), float(i)) for i in range(8)}
+    with EcstoreWriter(cluster.path, "ckpt-holes", "p", "g", objects_per_rank=4) as writer:
+        dcp.save(state, storage_writer=writer, no_dist=True)
+    shards = [o.key for o in client.list("ckpt-holes", prefix="p/g/").objects
+              if o.key.endswith(".distcp")]
+    assert len(shards) == 4
+    for key in shards:
+        client.delete("ckpt-holes", key)
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        with EcstoreReader(cluster.path, "ckpt-holes", "p") as reader:
+            with pytest.raises(CheckpointException, match="no such object"):
+                dcp.load({k: torch.zeros(1000) for k in state}, storage_reader=reader,
+                         no_dist=True)
+        gc.collect()
+    assert "never retrieved" not in caplog.text, caplog.text
+
+
 def test_a_save_whose_serialization_fails_commits_nothing(cluster: LocalCluster, client: SyncClient) -> None:
     client.create_bucket("ckpt-bad")
     state = {"w": torch.ones(3 << 20), "bad": lambda: 0}  # the lambda cannot be pickled
