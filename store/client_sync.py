@@ -15,6 +15,7 @@ from store.errors import ClientClosed
 from store.listing import ListResult
 
 T = TypeVar("T")
+CLOSE_UNWIND_S = 5.0     # close(): at most this long for the calls it cancelled to unwind
 
 
 class SyncClient:
@@ -29,6 +30,7 @@ class SyncClient:
         # the calls running now (other threads'): close() ends them with ClientClosed -
         # stopping the loop under them left their threads waiting for ever
         self._pending: set[concurrent.futures.Future[Any]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()    # the same calls, on the loop
         self._closing = False
         try:
             self.client = Client.connect(cluster, **cache)
@@ -48,7 +50,7 @@ class SyncClient:
                 coro.close()    # never awaited: no "coroutine was never awaited" warning
             raise ClientClosed("this SyncClient is closed: make a new one")
         fut: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(
-            coro, self._loop)  # type: ignore[arg-type]
+            self._tracked(coro), self._loop)
         self._pending.add(fut)
         try:
             return fut.result()
@@ -59,6 +61,23 @@ class SyncClient:
         finally:
             self._pending.discard(fut)
 
+    async def _tracked(self, coro: Awaitable[T]) -> T:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            return await coro
+        finally:
+            self._tasks.discard(task)
+
+    async def _shut_down(self) -> None:
+        """On the loop: let the calls close() cancelled unwind (a call left suspended when
+        the loop stopped was closed later by the garbage collector, on another thread),
+        then close the client."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=CLOSE_UNWIND_S)
+        await self.client.close()
+
     def close(self) -> None:
         """Close the client and stop its loop thread; a second call does nothing. Calls
         other threads are making meanwhile raise ClientClosed."""
@@ -68,7 +87,7 @@ class SyncClient:
         for fut in list(self._pending):
             fut.cancel()
         try:
-            asyncio.run_coroutine_threadsafe(self.client.close(), self._loop).result()
+            asyncio.run_coroutine_threadsafe(self._shut_down(), self._loop).result()
         finally:
             self._stop_loop()
 

@@ -4,6 +4,7 @@ across every node it touched (`grep ID logs/*.log`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import random
 import re
@@ -80,7 +81,10 @@ def operation(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
         try:
             return await fn(*args, **kwargs)
         finally:
-            request_id.reset(token)
+            # a coroutine closed by the garbage collector (its loop gone) runs this in
+            # another context: the reset raised ValueError ("Exception ignored in ...")
+            with contextlib.suppress(ValueError):
+                request_id.reset(token)
     return traced
 
 
