@@ -314,7 +314,7 @@ async def cmd_rebalance(c: Client, a: argparse.Namespace) -> int:
 
 
 async def _rebalance(c: Client, a: argparse.Namespace, state: Path) -> int:
-    from cli.main import FAILED, FINISHED, drive, err, human
+    from cli.main import FAILED, drive, err, human
     from store.rebalance import prepare_rebalance
 
     err.print("reading metadata and fragment listings ...")
@@ -333,7 +333,8 @@ async def _rebalance(c: Client, a: argparse.Namespace, state: Path) -> int:
             await ops.finish(r.moved, 0, FAILED)
         raise
     if ops is not None:   # the whole command's end: until now the record said "running"
-        await ops.finish(rep["moved"], 0, FINISHED if code == 0 else FAILED)
+        ops.final = (rep["moved"], 0)
+        await ops.end(code)
     return code
 
 
@@ -574,6 +575,7 @@ def _remove_node(a: argparse.Namespace) -> int:
 
     summary: dict[str, Any] = {"id": a.id}
     show = err.is_terminal and not a.json
+    answered = True     # the node answered a listing (drain() says, for a storage node)
 
     async def drain() -> str:
         """Why the node could not be drained, or "" once it is."""
@@ -633,7 +635,8 @@ def _remove_node(a: argparse.Namespace) -> int:
                            errors=last.errors[:20])
             # whether the node answered a listing in any pass (a node drained in one and
             # stopped after is not "dead: nothing moved off it")
-            summary["_answered"] = any(a.id not in r.unlisted for r in reports)
+            nonlocal answered
+            answered = any(a.id not in r.unlisted for r in reports)
             for e in last.errors[:20]:
                 err.print(f"[yellow]warning:[/] {e}", highlight=False)
             if last.failed:
@@ -652,7 +655,6 @@ def _remove_node(a: argparse.Namespace) -> int:
             await c.close()
     with only_one(state_path(str(cluster.path), "rebalance.state.json"), "rebalance"):
         problem = asyncio.run(drain())   # its passes are rebalances: not beside another
-    answered = summary.pop("_answered", True)
     if problem:    # a cluster failure (exit 1), not a mistake in the request; --json: the
         # summary with drained false, beside the error and its message (cli.main)
         raise Unavailable(f"{problem}; {a.id} is out of the map, and still in cluster.json "
@@ -674,7 +676,7 @@ def _remove_node(a: argparse.Namespace) -> int:
     err.print(f"moved {moved} while draining {a.id}", highlight=False)
     done = (f"removed {a.id}, which did not answer (dead: nothing was moved off it; every "
             "fragment a live object needs was found on another node)"
-            if answered is False else f"drained and stopped {a.id}")
+            if not answered else f"drained and stopped {a.id}")
     err.print(f"{done}; its data directory {data_dir} ({human(left)}: "
               f"{what}) is kept - delete it when you no longer want it", highlight=False)
     if a.json:

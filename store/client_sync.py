@@ -27,10 +27,10 @@ class SyncClient:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        # the calls running now (other threads'): close() ends them with ClientClosed -
-        # stopping the loop under them left their threads waiting for ever
-        self._pending: set[concurrent.futures.Future[Any]] = set()
-        self._tasks: set[asyncio.Task[Any]] = set()    # the same calls, on the loop
+        # the calls running now (other threads'), as tasks on the loop: close() cancels
+        # them, and each raises ClientClosed - stopping the loop under them left their
+        # threads waiting for ever
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
         try:
             self.client = Client.connect(cluster, **cache)
@@ -49,19 +49,19 @@ class SyncClient:
             if inspect.iscoroutine(coro):
                 coro.close()    # never awaited: no "coroutine was never awaited" warning
             raise ClientClosed("this SyncClient is closed: make a new one")
-        fut: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(
-            self._tracked(coro), self._loop)
-        self._pending.add(fut)
+        fut = asyncio.run_coroutine_threadsafe(self._tracked(coro), self._loop)
         try:
             return fut.result()
         except concurrent.futures.CancelledError:
             if self._closing:
                 raise ClientClosed("this SyncClient was closed while the call ran") from None
             raise
-        finally:
-            self._pending.discard(fut)
 
     async def _tracked(self, coro: Awaitable[T]) -> T:
+        if self._closing:       # sent while close() ran: it runs before the loop stops
+            if inspect.iscoroutine(coro):
+                coro.close()
+            raise ClientClosed("this SyncClient is closed: make a new one")
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
@@ -71,11 +71,14 @@ class SyncClient:
             self._tasks.discard(task)
 
     async def _shut_down(self) -> None:
-        """On the loop: let the calls close() cancelled unwind (a call left suspended when
-        the loop stopped was closed later by the garbage collector, on another thread),
-        then close the client."""
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=CLOSE_UNWIND_S)
+        """On the loop: cancel the calls running and let them unwind (one left suspended
+        when the loop stopped was closed later by the garbage collector, on another
+        thread), then close the client."""
+        running = set(self._tasks)
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.wait(running, timeout=CLOSE_UNWIND_S)
         await self.client.close()
 
     def close(self) -> None:
@@ -84,8 +87,6 @@ class SyncClient:
         if self._loop.is_closed() or self._closing:
             return
         self._closing = True
-        for fut in list(self._pending):
-            fut.cancel()
         try:
             asyncio.run_coroutine_threadsafe(self._shut_down(), self._loop).result()
         finally:
@@ -94,8 +95,6 @@ class SyncClient:
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
-        for fut in list(self._pending):   # started while closing: ended all the same
-            fut.cancel()
         self._loop.close()
 
     def __enter__(self) -> "SyncClient":

@@ -87,7 +87,7 @@ async def _put_all(c: Client, nodes: tuple[Node, ...], path: str, record: dict[s
     """The record to every node at once; True if each took it (or held it already). An
     object's record (`object_name`: bucket, key) travels in a batch with the others on
     their way to the same node (store.metadata.MetaQuorum.put_to)."""
-    body = pack(record)
+    body = pack(record) if object_name is None else b""    # put_to packs its own
 
     async def one(n: Node) -> bool:
         try:
